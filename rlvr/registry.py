@@ -1,0 +1,55 @@
+"""Named registries: one per extension point, one dispatch site (STYLE.md point 2).
+
+>>> R = Registry("advantage estimator", flag="--advantage-estimator")
+>>> @R.register("grpo")
+... def grpo(x):
+...     return x
+>>> R["grpo"](1)
+1
+>>> R["nope"]
+Traceback (most recent call last):
+...
+KeyError: "unknown advantage estimator 'nope' (--advantage-estimator); valid: grpo"
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Generic, Iterator, TypeVar
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """A name -> object table. Unknown names fail with the valid list; duplicates fail."""
+
+    def __init__(self, kind: str, flag: str | None = None):
+        self.kind = kind
+        self.flag = flag
+        self._items: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        def deco(obj: T) -> T:
+            if name in self._items:
+                raise ValueError(f"{self.kind} {name!r} is already registered")
+            self._items[name] = obj
+            return obj
+
+        return deco
+
+    def __getitem__(self, name: str) -> T:
+        try:
+            return self._items[name]
+        except KeyError:
+            where = f" ({self.flag})" if self.flag else ""
+            raise KeyError(
+                f"unknown {self.kind} {name!r}{where}; valid: {', '.join(sorted(self._items))}"
+            ) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._items))
+
+    def names(self) -> list[str]:
+        return sorted(self._items)
