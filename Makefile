@@ -1,0 +1,36 @@
+# rlvr: the two set-up commands of the README.
+#   make demo  - create .venv if missing, install, run the arithmetic demo end to end
+#   make test  - create .venv if missing, install with the dev extras, run the whole test suite
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+PIP     = $(PY) -m pip
+# torch is installed first, pinned to a CPU build where the platform offers one, so that the
+# project's plain `torch>=2.4` requirement never resolves to a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
+
+.PHONY: setup setup-dev demo test clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(VENV)/.torch: | $(VENV)/bin/python
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q $(TORCH_INDEX) "$(TORCH_SPEC)" || $(PIP) install -q --index-url https://download.pytorch.org/whl/cpu torch
+	touch $@
+
+setup: $(VENV)/.torch
+	$(PIP) install -q -e .
+
+setup-dev: $(VENV)/.torch
+	$(PIP) install -q -e ".[dev]"
+
+demo: setup
+	$(VENV)/bin/rlvr demo
+
+test: setup-dev
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf runs examples/arith/assets

@@ -1,0 +1,84 @@
+"""Per-token KL estimators between the trained policy and a reference (Schulman, "Approximating KL
+Divergence", http://joschu.net/blog/kl-approx.html).
+
+Contract: every estimator maps ``(log_probs [B, T], ref_log_probs [B, T]) -> kl [B, T]``, token by
+token, with no masking (the caller aggregates with its loss mask). Names and semantics follow
+slime's ``--kl-loss-type`` (seed 000 §2.5; seed 003 §4.5):
+
+* ``k1``: ``log p - log p_ref`` — unbiased for KL(p || p_ref) under samples from p, high variance,
+  can be negative.
+* ``k2``: ``(log p - log p_ref)^2 / 2`` — biased, non-negative.
+* ``k3``: ``r - 1 - log r`` with ``r = p_ref / p`` — unbiased, non-negative, low variance.
+* ``low_var_kl``: k3 clamped to ``[-10, 10]`` for numerical safety. slime clamps *only* this name,
+  and clamps *after* the optional importance ratio is applied; we do the same.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from rlvr.registry import Registry
+
+KLFn = Callable[[Tensor, "Tensor | None"], Tensor]
+# Each entry maps (log-ratio ``log p - log p_ref`` [B, T], optional IS ratio [B, T]) to [B, T].
+KL: Registry[KLFn] = Registry("KL estimator", flag="--kl-loss-type")
+
+# The bound slime uses for low_var_kl.
+LOW_VAR_KL_CLAMP = 10.0
+
+
+def _weighted(kl: Tensor, importance_ratio: Tensor | None) -> Tensor:
+    return kl if importance_ratio is None else importance_ratio * kl
+
+
+@KL.register("k1")
+def _k1(log_ratio: Tensor, importance_ratio: Tensor | None) -> Tensor:
+    return _weighted(log_ratio, importance_ratio)
+
+
+@KL.register("k2")
+def _k2(log_ratio: Tensor, importance_ratio: Tensor | None) -> Tensor:
+    return _weighted(log_ratio.pow(2) / 2.0, importance_ratio)
+
+
+@KL.register("k3")
+def _k3(log_ratio: Tensor, importance_ratio: Tensor | None) -> Tensor:
+    # Schulman's k3 is written with r = p_ref / p, i.e. the *negated* log-ratio.
+    neg = -log_ratio
+    return _weighted(neg.exp() - 1.0 - neg, importance_ratio)
+
+
+@KL.register("low_var_kl")
+def _low_var_kl(log_ratio: Tensor, importance_ratio: Tensor | None) -> Tensor:
+    # Same value as k3; slime clamps only this name, and after the IS ratio.
+    return _k3(log_ratio, importance_ratio).clamp(-LOW_VAR_KL_CLAMP, LOW_VAR_KL_CLAMP)
+
+
+def compute_approx_kl(
+    log_probs: Tensor,
+    ref_log_probs: Tensor,
+    kl_type: str,
+    importance_ratio: Tensor | None = None,
+) -> Tensor:
+    """Per-token approximate KL(p || p_ref).
+
+    Args:
+        log_probs: [B, T] log p(token) under the policy being measured.
+        ref_log_probs: [B, T] log p_ref(token) under the reference model.
+        kl_type: a ``KL`` registry name (k1, k2, k3, low_var_kl).
+        importance_ratio: optional [B, T] ratio p_theta / p_old multiplying the estimate, which
+            makes it unbiased when samples come from p_old (slime's ``--use-unbiased-kl``,
+            after DeepSeek-V3.2). Pass it detached unless you want gradient through it.
+
+    Returns:
+        [B, T] float32 estimate (unmasked).
+
+    >>> lp, ref = torch.tensor([[0.0]]), torch.tensor([[-1.0]])
+    >>> compute_approx_kl(lp, ref, "k1").item(), compute_approx_kl(lp, ref, "k2").item()
+    (1.0, 0.5)
+    """
+    estimator = KL[kl_type]  # fails with the valid list for an unknown name
+    return estimator(log_probs.float() - ref_log_probs.float(), importance_ratio)

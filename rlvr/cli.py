@@ -1,0 +1,111 @@
+"""``rlvr`` command line: train, sft, plot, demo, and the tiny-asset builders.
+
+Errors a user can fix (a bad flag, file or data line) print one line naming what to change and
+exit with status 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from rlvr.errors import ConfigError, DataError
+
+
+def _train(argv: list[str]) -> None:
+    from rlvr import demo
+    from rlvr.config import build_config, make_parser, merged_values
+    from rlvr.loop import run
+
+    values = merged_values(make_parser("rlvr train").parse_args(argv))
+    if any(demo.is_example_asset(values.get(k)) for k in ("hf_checkpoint", "prompt_data")):
+        demo.prepare_assets()  # the example config names assets that are built on first use
+    run(build_config(values).validate())
+
+
+def _sft(argv: list[str]) -> None:
+    from pathlib import Path
+
+    from rlvr import demo
+    from rlvr.config import build_config, make_parser, merged_values
+    from rlvr.loop import run_sft
+
+    values = merged_values(make_parser("rlvr sft").parse_args(argv))
+    if any(demo.is_example_asset(values.get(k)) for k in ("hf_checkpoint", "prompt_data")):
+        demo.prepare_assets(sft=False)
+    cfg = build_config(values).validate()
+    out = run_sft(cfg, cfg.run.save or Path(cfg.run.output_dir) / "model")
+    print(f"sft: wrote {out}")
+
+
+def _plot(argv: list[str]) -> None:
+    from rlvr.observe import plot_runs
+
+    p = argparse.ArgumentParser(prog="rlvr plot", description="PNG dashboard of one or more runs")
+    p.add_argument("run_dirs", nargs="+")
+    p.add_argument("--out", default=None, help="PNG path; default FIRST_RUN_DIR/curves.png")
+    a = p.parse_args(argv)
+    print(plot_runs(a.run_dirs, a.out))
+
+
+def _demo(argv: list[str]) -> None:
+    from rlvr import demo
+
+    demo.main(argv)
+
+
+def _make_tiny_model(argv: list[str]) -> None:
+    from rlvr.models.tiny import ARCHITECTURES, build_tiny_model
+
+    p = argparse.ArgumentParser(prog="rlvr make-tiny-model")
+    p.add_argument("out_dir")
+    p.add_argument("--arch", default="qwen2", choices=sorted(ARCHITECTURES))
+    p.add_argument("--hidden-size", type=int, default=128)
+    p.add_argument("--num-layers", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    print(build_tiny_model(a.out_dir, arch=a.arch, hidden_size=a.hidden_size, intermediate_size=3 * a.hidden_size,
+                           num_layers=a.num_layers, seed=a.seed))
+
+
+def _make_arith_data(argv: list[str]) -> None:
+    from rlvr.data.arith import write_splits
+
+    p = argparse.ArgumentParser(prog="rlvr make-arith-data")
+    p.add_argument("out_dir")
+    p.add_argument("--n-test", type=int, default=500)
+    p.add_argument("--seed", type=int, default=1234)
+    a = p.parse_args(argv)
+    print(*write_splits(a.out_dir, n_test=a.n_test, seed=a.seed))
+
+
+COMMANDS = {
+    "train": (_train, "RL training (GRPO and the other estimators) on a HF checkpoint"),
+    "sft": (_sft, "supervised bootstrap: NLL on the label as the response"),
+    "plot": (_plot, "PNG dashboard of run directories"),
+    "demo": (_demo, "the arithmetic demo end to end (what `make demo` runs)"),
+    "make-tiny-model": (_make_tiny_model, "write a tiny random HF causal LM + tokenizer"),
+    "make-arith-data": (_make_arith_data, "write the arithmetic task's train/test JSONL"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print("usage: rlvr COMMAND [flags]   (rlvr COMMAND --help for its flags)\n\ncommands:")
+        for name, (_, doc) in COMMANDS.items():
+            print(f"  {name:<17} {doc}")
+        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        COMMANDS[argv[0]][0](argv[1:])
+    except (ConfigError, DataError) as e:
+        print(f"rlvr {argv[0]}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

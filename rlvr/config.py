@@ -1,0 +1,354 @@
+"""The typed config: one source of truth for flags, YAML files and validation (STYLE point 5).
+
+Each group is a dataclass whose field names are slime's flag names with underscores; the CLI
+flag is ``--`` + name with hyphens, the help text is the field's ``metadata["help"]``. A YAML
+file given by ``--config`` holds the same names (hyphens or underscores, flat or grouped by
+section); flags given on the command line override it. Each component receives only its own
+group (``cfg.algo`` to algorithm code, ``cfg.rollout`` to the rollout, ...).
+
+Validation happens at parse time, next to the fields, and every message names the flag and
+what to change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlvr.algo.config import AlgoConfig, flag_of
+from rlvr.errors import ConfigError
+
+
+def _f(default, help: str, choices: list[str] | None = None, **extra):
+    meta = {"help": help, **extra}
+    if choices is not None:
+        meta["choices"] = choices
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class DataConfig:
+    """Where prompts come from and how they are read."""
+
+    prompt_data: str | None = _f(None, "training prompts: a JSONL file, one object per line")
+    input_key: str = _f("prompt", "field holding the prompt (text, or a list of chat messages)")
+    label_key: str | None = _f("label", "field holding the label the reward compares against")
+    metadata_key: str = _f("metadata", "field holding a dict passed to the reward as metadata")
+    apply_chat_template: bool = _f(False, "wrap prompts with the tokenizer's chat template")
+    rollout_shuffle: bool = _f(True, "shuffle the prompts each epoch")
+    rollout_seed: int = _f(42, "seed of the prompt order")
+
+    def validate(self) -> None:
+        if self.prompt_data is not None and not Path(self.prompt_data).is_file():
+            raise ConfigError("--prompt-data", f"file not found: {self.prompt_data}")
+
+
+@dataclass
+class RolloutConfig:
+    """How responses are sampled and graded."""
+
+    rollout_batch_size: int = _f(8, "prompts per rollout")
+    n_samples_per_prompt: int = _f(8, "responses sampled per prompt (the GRPO group size)")
+    rollout_max_response_len: int = _f(64, "maximum new tokens per response")
+    rollout_temperature: float = _f(1.0, "sampling temperature (also applied to training log-probs)")
+    rollout_top_p: float = _f(1.0, "nucleus sampling mass")
+    rollout_top_k: int = _f(-1, "top-k sampling; -1 = off")
+    rm_type: str = _f("math", "reward function, by name (see rlvr.rewards.REWARDS)")
+
+    def validate(self) -> None:
+        from rlvr.rewards import REWARDS
+
+        for name in ("rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len"):
+            if getattr(self, name) < 1:
+                raise ConfigError(flag_of(name), f"must be >= 1, got {getattr(self, name)}")
+        if self.rollout_temperature <= 0:
+            raise ConfigError("--rollout-temperature", "must be > 0 for RL sampling (greedy has no exploration)")
+        if not 0 < self.rollout_top_p <= 1:
+            raise ConfigError("--rollout-top-p", f"must be in (0, 1], got {self.rollout_top_p}")
+        if self.rm_type not in REWARDS:
+            raise ConfigError("--rm-type", f"unknown reward {self.rm_type!r}; valid: {', '.join(REWARDS.names())}")
+
+
+@dataclass
+class TrainConfig:
+    """The model, the optimizer and how a rollout becomes optimizer steps."""
+
+    hf_checkpoint: str | None = _f(None, "Hugging Face checkpoint directory of the policy (and reference)")
+    global_batch_size: int | None = _f(None, "samples per optimizer step; default = one step per rollout")
+    lr: float = _f(1e-6, "AdamW learning rate")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    adam_beta1: float = _f(0.9, "AdamW beta1")
+    adam_beta2: float = _f(0.98, "AdamW beta2")
+    clip_grad: float = _f(1.0, "clip the global gradient norm to this; 0 = off")
+    use_dynamic_batch_size: bool = _f(False, "form micro-batches by token count (--max-tokens-per-gpu)")
+    max_tokens_per_gpu: int | None = _f(None, "token budget of one micro-batch with dynamic batch size")
+    micro_batch_size: int = _f(1, "samples per micro-batch without dynamic batch size")
+    seed: int = _f(1234, "seed of model sampling and training")
+
+    def validate(self) -> None:
+        if self.hf_checkpoint is None:
+            raise ConfigError("--hf-checkpoint", "is required: a Hugging Face model directory")
+        if not (Path(self.hf_checkpoint) / "config.json").is_file():
+            raise ConfigError("--hf-checkpoint", f"{self.hf_checkpoint} has no config.json; point it at a HF model directory")
+        if self.lr <= 0:
+            raise ConfigError("--lr", f"must be > 0, got {self.lr}")
+        if self.use_dynamic_batch_size and not self.max_tokens_per_gpu:
+            raise ConfigError("--max-tokens-per-gpu", "is required with --use-dynamic-batch-size")
+        if self.max_tokens_per_gpu is not None and self.max_tokens_per_gpu < 1:
+            raise ConfigError("--max-tokens-per-gpu", f"must be >= 1, got {self.max_tokens_per_gpu}")
+        if self.micro_batch_size < 1:
+            raise ConfigError("--micro-batch-size", f"must be >= 1, got {self.micro_batch_size}")
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation."""
+
+    eval_prompt_data: list[str] = _f([], "NAME PATH [NAME PATH ...] held-out sets (or a single PATH)")
+    eval_interval: int | None = _f(None, "evaluate every N rollouts (and before training, and at the end)")
+    eval_temperature: float = _f(0.0, "sampling temperature for eval; 0 = greedy")
+    eval_max_response_len: int | None = _f(None, "max new tokens in eval; default --rollout-max-response-len")
+    n_samples_per_eval_prompt: int = _f(1, "responses per eval prompt")
+    skip_eval_before_train: bool = _f(False, "do not evaluate the starting checkpoint")
+
+    def datasets(self) -> list[tuple[str, str]]:
+        """(name, path) pairs from ``--eval-prompt-data``."""
+        items = self.eval_prompt_data
+        if len(items) == 1:
+            return [(Path(items[0]).stem, items[0])]
+        return [(items[i], items[i + 1]) for i in range(0, len(items), 2)]
+
+    def validate(self) -> None:
+        if len(self.eval_prompt_data) > 1 and len(self.eval_prompt_data) % 2:
+            raise ConfigError("--eval-prompt-data", "takes NAME PATH pairs (or one PATH); got an odd count")
+        for name, path in self.datasets():
+            if not Path(path).is_file():
+                raise ConfigError("--eval-prompt-data", f"{name}: file not found: {path}")
+        if self.eval_interval is not None and self.eval_interval < 1:
+            raise ConfigError("--eval-interval", f"must be >= 1, got {self.eval_interval}")
+
+
+@dataclass
+class RunConfig:
+    """Length of the run, where its outputs go, what is logged."""
+
+    num_rollout: int = _f(10, "number of rollouts (RL steps) to run")
+    output_dir: str = _f("runs/latest", "run directory: config, metrics, samples, events, plots")
+    save: str | None = _f(None, "checkpoint directory; default OUTPUT_DIR/checkpoints")
+    save_interval: int | None = _f(None, "save a checkpoint every N rollouts (and at the end)")
+    use_tensorboard: bool = _f(False, "write TensorBoard events to OUTPUT_DIR/tensorboard")
+
+    def validate(self) -> None:
+        if self.num_rollout < 1:
+            raise ConfigError("--num-rollout", f"must be >= 1, got {self.num_rollout}")
+        if self.save_interval is not None and self.save_interval < 1:
+            raise ConfigError("--save-interval", f"must be >= 1, got {self.save_interval}")
+
+    @property
+    def save_dir(self) -> Path:
+        return Path(self.save) if self.save else Path(self.output_dir) / "checkpoints"
+
+
+GROUPS: dict[str, type] = {
+    "data": DataConfig,
+    "rollout": RolloutConfig,
+    "algo": AlgoConfig,
+    "train": TrainConfig,
+    "eval": EvalConfig,
+    "run": RunConfig,
+}
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    # ---- derived numbers (seed 000 §2.1) ----------------------------------------------
+    @property
+    def samples_per_rollout(self) -> int:
+        return self.rollout.rollout_batch_size * self.rollout.n_samples_per_prompt
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.train.global_batch_size or self.samples_per_rollout
+
+    @property
+    def steps_per_rollout(self) -> int:
+        return self.samples_per_rollout // self.global_batch_size
+
+    def validate(self) -> Config:
+        for group in GROUPS:
+            getattr(self, group).validate()
+        if self.data.prompt_data is None:
+            raise ConfigError("--prompt-data", "is required: a JSONL file of prompts")
+        gbs, total = self.global_batch_size, self.samples_per_rollout
+        if gbs < 1 or total % gbs:
+            raise ConfigError(
+                "--global-batch-size",
+                f"{gbs} must divide the samples of one rollout (--rollout-batch-size "
+                f"{self.rollout.rollout_batch_size} x --n-samples-per-prompt "
+                f"{self.rollout.n_samples_per_prompt} = {total})",
+            )
+        if self.train.use_dynamic_batch_size and self.train.max_tokens_per_gpu:
+            # A response can be rollout_max_response_len long; the prompt needs room too.
+            if self.train.max_tokens_per_gpu <= self.rollout.rollout_max_response_len:
+                raise ConfigError(
+                    "--max-tokens-per-gpu",
+                    f"{self.train.max_tokens_per_gpu} cannot hold one response of --rollout-max-response-len "
+                    f"{self.rollout.rollout_max_response_len} plus its prompt; raise it",
+                )
+        if self.algo.advantage_estimator in ("grpo", "gspo", "cispo", "rloo") and self.rollout.n_samples_per_prompt < 2:
+            raise ConfigError("--n-samples-per-prompt", f"{self.algo.advantage_estimator} needs groups of >= 2 samples")
+        return self
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {g: dataclasses.asdict(getattr(self, g)) for g in GROUPS}
+
+    def save_yaml(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        return path
+
+
+# ---- argparse generation ------------------------------------------------------------------
+def _field_index() -> dict[str, tuple[str, dataclasses.Field]]:
+    """field name -> (group, Field), checking names are unique across groups."""
+    index: dict[str, tuple[str, dataclasses.Field]] = {}
+    for group, cls in GROUPS.items():
+        for f in fields(cls):
+            if f.name in index:
+                raise RuntimeError(f"config field {f.name!r} defined in both {index[f.name][0]} and {group}")
+            index[f.name] = (group, f)
+    return index
+
+
+FIELDS = _field_index()
+
+
+def _base_type(tp: Any) -> tuple[Any, bool]:
+    """(inner type, is_list) of an annotation like ``float | None`` or ``list[str]``."""
+    tp = eval(tp, vars(typing), {}) if isinstance(tp, str) else tp  # noqa: S307 (our own annotations)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        tp = args[0]
+    if typing.get_origin(tp) is list:
+        return typing.get_args(tp)[0], True
+    return tp, False
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add every config field as a flag whose default is 'not given' (so YAML can fill it)."""
+    parser.add_argument("--config", help="YAML file with the same fields; flags override it")
+    for group, cls in GROUPS.items():
+        section = parser.add_argument_group(group, cls.__doc__)
+        for f in fields(cls):
+            tp, is_list = _base_type(f.type)
+            kwargs: dict[str, Any] = dict(dest=f.name, default=argparse.SUPPRESS, help=f.metadata["help"])
+            if tp is bool:
+                kwargs["action"] = argparse.BooleanOptionalAction
+            else:
+                kwargs["type"] = tp
+                if is_list:
+                    kwargs["nargs"] = "+"
+                if "choices" in f.metadata:
+                    kwargs["choices"] = f.metadata["choices"]
+            section.add_argument(flag_of(f.name), **kwargs)
+
+
+def _read_yaml(path: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("--config", f"file not found: {path}")
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError("--config", f"{path} is not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError("--config", f"{path} must hold a mapping of field: value")
+    flat: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in GROUPS and isinstance(value, dict):  # grouped form: algo: {eps_clip: 0.2}
+            items = value.items()
+        else:
+            items = [(key, value)]
+        for k, v in items:
+            name = str(k).replace("-", "_")
+            if name not in FIELDS:
+                close = difflib.get_close_matches(name, FIELDS, n=1)
+                hint = f"; did you mean {close[0].replace('_', '-')!r}?" if close else ""
+                raise ConfigError("--config", f"{path}: unknown field {k!r}{hint}")
+            flat[name] = v
+    return flat
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    """Check a YAML value's type against the field's annotation."""
+    f = FIELDS[name][1]
+    tp, is_list = _base_type(f.type)
+    if value is None:
+        return None
+    try:
+        if is_list:
+            values = value if isinstance(value, list) else str(value).split()
+            return [tp(v) for v in values]
+        if tp is bool and not isinstance(value, bool):
+            raise TypeError
+        if tp is int and isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if tp is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError
+        value = tp(value)
+    except (TypeError, ValueError):
+        raise ConfigError(flag_of(name), f"{source}: expected {tp.__name__}, got {value!r}") from None
+    choices = f.metadata.get("choices")
+    if choices is not None and value not in choices:
+        raise ConfigError(flag_of(name), f"{source}: unknown value {value!r}; valid: {', '.join(choices)}")
+    return value
+
+
+def build_config(values: dict[str, Any]) -> Config:
+    """Config from flat ``{field_name: value}``; unset fields keep their defaults."""
+    grouped: dict[str, dict[str, Any]] = {g: {} for g in GROUPS}
+    for name, value in values.items():
+        grouped[FIELDS[name][0]][name] = value
+    return Config(**{g: GROUPS[g](**kw) for g, kw in grouped.items()})
+
+
+def merged_values(ns: argparse.Namespace) -> dict[str, Any]:
+    """Flat ``{field: value}`` from defaults < YAML (``--config``) < flags given."""
+    values: dict[str, Any] = {}
+    if getattr(ns, "config", None):
+        for name, v in _read_yaml(ns.config).items():
+            values[name] = _coerce(name, v, ns.config)
+    values.update({k: v for k, v in vars(ns).items() if k in FIELDS})
+    return values
+
+
+def config_from_args(ns: argparse.Namespace) -> Config:
+    return build_config(merged_values(ns)).validate()
+
+
+def make_parser(prog: str = "rlvr train") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog)
+    add_config_arguments(parser)
+    return parser
+
+
+def parse_config(argv: list[str]) -> Config:
+    return config_from_args(make_parser().parse_args(argv))

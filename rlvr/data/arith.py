@@ -1,0 +1,57 @@
+"""A deterministic, verifiable arithmetic task that a tiny model can learn.
+
+Problems are two-operand integer sums and differences written as ``"37+58="``; the label is
+the exact result as a string (``"95"``). The response the model should write is the bare
+number, which the ``math`` reward grades. Multi-digit results written most-significant digit
+first need carry look-ahead, which a tiny model only half-learns from a short SFT — so GRPO has
+reward variance to work with.
+
+Splits are disjoint by construction: every (a, op, b) triple is enumerated, shuffled with a
+fixed seed, and cut into held-out and train parts.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+
+def all_problems(max_operand: int = 99, ops: str = "+-") -> list[dict]:
+    problems = []
+    for op in ops:
+        for a in range(max_operand + 1):
+            for b in range(max_operand + 1):
+                if op == "-" and b > a:  # keep results non-negative
+                    continue
+                value = a + b if op == "+" else a - b
+                problems.append({"prompt": f"{a}{op}{b}=", "label": str(value)})
+    return problems
+
+
+def make_splits(
+    n_test: int = 500, seed: int = 1234, max_operand: int = 99, ops: str = "+-"
+) -> tuple[list[dict], list[dict]]:
+    """Return (train, test): disjoint, deterministic for a given seed."""
+    problems = all_problems(max_operand, ops)
+    if n_test >= len(problems):
+        raise ValueError(f"n_test={n_test} leaves no training problems (only {len(problems)} exist)")
+    random.Random(seed).shuffle(problems)
+    return problems[n_test:], problems[:n_test]
+
+
+def write_jsonl(rows: list[dict], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def write_splits(out_dir: str | Path, **kwargs) -> tuple[Path, Path]:
+    train, test = make_splits(**kwargs)
+    out = Path(out_dir)
+    return write_jsonl(train, out / "train.jsonl"), write_jsonl(test, out / "test.jsonl")

@@ -1,0 +1,157 @@
+"""The driver: one RL run, top to bottom (STYLE point 4, DESIGN "One RL step").
+
+    for rollout_id in range(num_rollout):
+        batch   = rollout.generate(rollout_id)            # sample + grade
+        metrics = trainer.train(rollout_id, batch.samples) # advantages, loss, optimizer step(s)
+        rollout.update_weights(trainer.weights(), rollout_id + 1)
+        maybe evaluate, maybe save, log
+
+``build`` wires the components from a ``Config`` (each gets its own group); ``run`` drives them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+from rlvr.config import Config
+from rlvr.data.dataset import DataSource, PromptRecord, read_prompts, render_prompt
+from rlvr.engine.embedded import EmbeddedEngine
+from rlvr.observe import ConsoleProgress, MetricsLogger, plot_runs
+from rlvr.rewards import REWARDS
+from rlvr.rollout.rollout import Rollout
+from rlvr.train.trainer import Trainer
+from rlvr.types import RolloutBatch, Sample
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Components:
+    tokenizer: object
+    rollout: Rollout
+    trainer: Trainer
+    eval_sets: dict[str, list[PromptRecord]]
+
+
+def build(cfg: Config) -> Components:
+    d = cfg.data
+    tokenizer = AutoTokenizer.from_pretrained(cfg.train.hf_checkpoint)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    records = read_prompts(d.prompt_data, d.input_key, d.label_key, d.metadata_key)
+    eval_sets = {
+        name: read_prompts(path, d.input_key, d.label_key, d.metadata_key) for name, path in cfg.eval.datasets()
+    }
+    trainer = Trainer(
+        cfg.train,
+        cfg.algo,
+        temperature=cfg.rollout.rollout_temperature,
+        global_batch_size=cfg.global_batch_size,
+        n_samples_per_prompt=cfg.rollout.n_samples_per_prompt,
+    )
+    # The engine starts from the trainer's weights, so both hold the same policy at version 0.
+    engine = EmbeddedEngine(trainer.model, pad_token_id=tokenizer.pad_token_id, seed=cfg.train.seed)
+    rollout = Rollout(
+        cfg.rollout,
+        engine,
+        tokenizer,
+        DataSource(records, shuffle=d.rollout_shuffle, seed=d.rollout_seed),
+        REWARDS[cfg.rollout.rm_type],
+        apply_chat_template=d.apply_chat_template,
+    )
+    return Components(tokenizer, rollout, trainer, eval_sets)
+
+
+def run(cfg: Config, console: bool = True) -> Path:
+    """Train for ``--num-rollout`` rollouts; return the run directory."""
+    run_dir = Path(cfg.run.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg.save_yaml(run_dir / "config.yaml")
+    c = build(cfg)
+    rollout, trainer = c.rollout, c.trainer
+    n_rollout, eval_every, save_every = cfg.run.num_rollout, cfg.eval.eval_interval, cfg.run.save_interval
+
+    def evaluate(step: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        metrics: dict[str, float] = {}
+        for name, records in c.eval_sets.items():
+            metrics |= rollout.evaluate(name, records, cfg.eval)
+        metrics["perf/eval_time"] = time.perf_counter() - t0
+        logger.log(metrics, "eval/step", step)
+        return metrics
+
+    with MetricsLogger(run_dir, use_tensorboard=cfg.run.use_tensorboard) as logger, ConsoleProgress(
+        n_rollout, enabled=console
+    ) as progress:
+        if c.eval_sets and not cfg.eval.skip_eval_before_train:
+            evaluate(0)
+        for rollout_id in range(n_rollout):
+            t_step = time.perf_counter()
+            batch = rollout.generate(rollout_id)
+            train_metrics = trainer.train(rollout_id, batch.samples)
+            t0 = time.perf_counter()
+            rollout.update_weights(trainer.weights(), version=rollout_id + 1)
+            perf = {"perf/update_weights_time": time.perf_counter() - t0}
+
+            done = rollout_id + 1
+            eval_metrics = {}
+            if c.eval_sets and eval_every and (done % eval_every == 0 or done == n_rollout):
+                eval_metrics = evaluate(done)
+            if (save_every and done % save_every == 0) or done == n_rollout:
+                trainer.save(cfg.run.save_dir / f"rollout_{done:06d}", tokenizer=c.tokenizer, extra={"rollout_id": done})
+            perf["perf/step_time"] = time.perf_counter() - t_step
+
+            logger.log(train_metrics, "train/step", trainer.step)
+            logger.log(batch.metrics | perf, "rollout/step", rollout_id)
+            write_samples(run_dir / "samples.jsonl", batch)
+            progress.advance(rollout_id, batch.metrics | train_metrics | perf | eval_metrics)
+    plot_runs([run_dir], run_dir / "curves.png")
+    return run_dir
+
+
+def write_samples(path: Path, batch: RolloutBatch, k: int = 4) -> None:
+    """Append the first ``k`` samples of the rollout (prompt, response, reward) for reading."""
+    with open(path, "a") as f:
+        for s in batch.samples[:k]:
+            row = {"rollout_id": batch.rollout_id, "prompt": s.prompt, "response": s.response,
+                   "label": s.label, "reward": s.reward, "status": s.status.value}
+            f.write(json.dumps(row, default=str) + "\n")
+
+
+def run_sft(cfg: Config, out_dir: str | Path, console: bool = True) -> Path:
+    """Supervised bootstrap: ``--num-rollout`` steps of NLL on ``label`` as the response.
+
+    Each step takes ``--rollout-batch-size`` prompts; the response is the label text followed
+    by the EOS token. Writes a plain HF checkpoint to ``out_dir``.
+    """
+    d = cfg.data
+    run_dir = Path(cfg.run.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg.save_yaml(run_dir / "config.yaml")
+    tokenizer = AutoTokenizer.from_pretrained(cfg.train.hf_checkpoint)
+    source = DataSource(read_prompts(d.prompt_data, d.input_key, d.label_key, d.metadata_key), seed=d.rollout_seed)
+    trainer = Trainer(cfg.train, cfg.algo, temperature=1.0)
+    def to_sample(r: PromptRecord) -> Sample:
+        text = render_prompt(r.prompt, tokenizer, d.apply_chat_template)
+        response = tokenizer(str(r.label), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        return Sample(text, tokenizer(text, add_special_tokens=False)["input_ids"], label=r.label,
+                      response_ids=response, loss_mask=[1] * len(response))
+
+    with MetricsLogger(run_dir, use_tensorboard=cfg.run.use_tensorboard) as logger, ConsoleProgress(
+        cfg.run.num_rollout, enabled=console
+    ) as progress:
+        for step in range(cfg.run.num_rollout):
+            t0 = time.perf_counter()
+            metrics = trainer.train_sft([to_sample(r) for r in source.next_prompts(cfg.rollout.rollout_batch_size)])
+            metrics["perf/train_time"] = time.perf_counter() - t0
+            logger.log(metrics, "train/step", trainer.step)
+            progress.advance(step, metrics)
+    trainer.model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return Path(out_dir)

@@ -1,0 +1,52 @@
+"""AlgoConfig: slime defaults, choices from the registries, validation errors naming the flag."""
+
+import dataclasses
+
+import pytest
+
+from rlvr.algo import ADVANTAGES, KL, AlgoConfig
+from rlvr.errors import ConfigError
+
+
+def test_defaults_are_slimes():
+    c = AlgoConfig().validate()
+    assert (c.advantage_estimator, c.eps_clip, c.eps_clip_high, c.kl_loss_type) == ("grpo", 0.2, None, "k1")
+    assert (c.tis_clip, c.tis_clip_low, c.opsm_delta, c.gamma, c.lambd) == (2.0, 0.0, 1e-4, 1.0, 1.0)
+    assert c.clip_range() == (0.2, 0.2)
+    assert AlgoConfig(eps_clip_high=0.28).clip_range() == (0.2, 0.28)
+
+
+def test_every_field_has_help_and_registry_choices():
+    meta = {f.name: f.metadata for f in dataclasses.fields(AlgoConfig)}
+    assert all(m.get("help") for m in meta.values())
+    assert meta["advantage_estimator"]["choices"] == ADVANTAGES.names()
+    assert meta["kl_loss_type"]["choices"] == KL.names()
+    assert meta["tis_mode"]["choices"] == ["icepop", "tis"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, flag",
+    [
+        ({"advantage_estimator": "dapo"}, "--advantage-estimator"),
+        ({"kl_loss_type": "kl"}, "--kl-loss-type"),
+        ({"pg_loss_type": "nope"}, "--pg-loss-type"),
+        ({"eps_clip_c": 1.0}, "--eps-clip-c"),
+        ({"eps_clip": -0.1}, "--eps-clip"),
+        ({"kl_loss_coef": -1.0, "use_kl_loss": True}, "--kl-loss-coef"),
+        ({"entropy_coef": -0.01}, "--entropy-coef"),
+        ({"tis_clip_low": 3.0}, "--tis-clip-low"),
+        ({"gamma": 1.5}, "--gamma"),
+        ({"kl_loss_coef": 0.01}, "--kl-loss-coef"),
+        ({"kl_coef": 0.1, "kl_loss_coef": 0.1, "use_kl_loss": True}, "--kl-coef"),
+        ({"custom_tis_function_path": "a.b:c"}, "--custom-tis-function-path"),
+    ],
+)
+def test_validate_names_the_flag(kwargs, flag):
+    with pytest.raises(ConfigError) as e:
+        AlgoConfig(**kwargs).validate()
+    assert e.value.flag == flag and str(e.value).startswith(flag + ": ")
+
+
+def test_unknown_estimator_message_lists_valid_ones():
+    with pytest.raises(ConfigError, match="valid: cispo, dcpo, grpo, gspo, ppo"):
+        AlgoConfig(advantage_estimator="grpo++").validate()
