@@ -6,7 +6,9 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
 # torch is installed first, pinned to a CPU build where the platform offers one, so that the
-# project's plain `torch>=2.4` requirement never resolves to a multi-GB CUDA build.
+# project's plain `torch>=2.4` requirement never resolves to a multi-GB CUDA build. On the
+# machines this project is built on, `pip install torch==2.13.0` takes a CPU wheel from disk;
+# elsewhere pass PyTorch's CPU wheel index: make demo TORCH_INDEX="--index-url <cpu index>".
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 
@@ -17,7 +19,7 @@ $(VENV)/bin/python:
 	$(PIP) install -q --upgrade pip
 
 $(VENV)/.torch: | $(VENV)/bin/python
-	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q $(TORCH_INDEX) "$(TORCH_SPEC)" || $(PIP) install -q --index-url https://download.pytorch.org/whl/cpu torch
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q $(TORCH_INDEX) "$(TORCH_SPEC)"
 	touch $@
 
 setup: $(VENV)/.torch

@@ -1,0 +1,66 @@
+import pytest
+
+from rlvr.config import parse_config
+from rlvr.errors import ConfigError
+
+
+@pytest.fixture()
+def base(tiny_qwen2, arith_files):
+    return ["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(arith_files[0])]
+
+
+def test_flags_use_slime_names_and_derive_batch_numbers(base):
+    cfg = parse_config(base + ["--rollout-batch-size", "4", "--n-samples-per-prompt", "8",
+                               "--global-batch-size", "16", "--use-kl-loss", "--kl-loss-coef", "0.01",
+                               "--kl-loss-type", "low_var_kl", "--eps-clip-high", "0.28"])
+    assert cfg.samples_per_rollout == 32 and cfg.global_batch_size == 16 and cfg.steps_per_rollout == 2
+    assert cfg.algo.use_kl_loss and cfg.algo.kl_loss_coef == 0.01 and cfg.algo.clip_range() == (0.2, 0.28)
+
+
+def test_yaml_is_read_and_flags_override_it(base, tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("rollout-batch-size: 4\nn_samples_per_prompt: 2\nalgo:\n  eps_clip: 0.1\nlr: 0.5\n")
+    cfg = parse_config(base + ["--config", str(y), "--lr", "0.25"])
+    assert cfg.rollout.rollout_batch_size == 4 and cfg.rollout.n_samples_per_prompt == 2
+    assert cfg.algo.eps_clip == 0.1 and cfg.train.lr == 0.25
+
+
+def test_global_batch_must_divide_rollout(base):
+    with pytest.raises(ConfigError, match=r"--global-batch-size: 5 must divide .* = 64"):
+        parse_config(base + ["--global-batch-size", "5"])
+
+
+def test_unknown_rm_type_lists_valid_ones(base):
+    with pytest.raises(ConfigError, match=r"--rm-type: unknown reward 'nope'; valid: .*math"):
+        parse_config(base + ["--rm-type", "nope"])
+
+
+def test_unknown_yaml_field_suggests_the_right_one(base, tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("rollout-batchsize: 4\n")
+    with pytest.raises(ConfigError, match=r"unknown field 'rollout-batchsize'; did you mean 'rollout-batch-size'"):
+        parse_config(base + ["--config", str(y)])
+
+
+def test_yaml_type_errors_name_the_flag(base, tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("num-rollout: many\n")
+    with pytest.raises(ConfigError, match=r"--num-rollout: .*expected int, got 'many'"):
+        parse_config(base + ["--config", str(y)])
+
+
+def test_missing_checkpoint_and_bad_dynamic_batch(base, tmp_path):
+    with pytest.raises(ConfigError, match="--hf-checkpoint"):
+        parse_config(["--hf-checkpoint", str(tmp_path), "--prompt-data", base[3]])
+    with pytest.raises(ConfigError, match="--max-tokens-per-gpu"):
+        parse_config(base + ["--use-dynamic-batch-size"])
+    with pytest.raises(ConfigError, match="--max-tokens-per-gpu"):
+        parse_config(base + ["--use-dynamic-batch-size", "--max-tokens-per-gpu", "16",
+                             "--rollout-max-response-len", "32"])
+
+
+def test_resolved_config_round_trips(base, tmp_path):
+    cfg = parse_config(base + ["--lr", "0.003"])
+    path = cfg.save_yaml(tmp_path / "config.yaml")
+    again = parse_config(["--config", str(path)])
+    assert again.to_dict() == cfg.to_dict()

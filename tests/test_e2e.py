@@ -1,0 +1,72 @@
+"""End to end through the real CLI: `rlvr train` for 2 rollouts on two tiny architectures."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import AutoModelForCausalLM
+
+from rlvr.models.tiny import build_tiny_model
+from tests.conftest import SMALL, write_lines
+
+
+def rlvr(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlvr.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=600)
+
+
+def _train_args(ckpt, arith_files, out):
+    train, test = arith_files
+    return ["train", "--hf-checkpoint", str(ckpt), "--prompt-data", str(train),
+            "--eval-prompt-data", "arith", str(test), "--eval-interval", "1",
+            "--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "4",
+            "--num-rollout", "2", "--lr", "1e-3", "--use-kl-loss", "--kl-loss-coef", "0.01",
+            "--kl-loss-type", "low_var_kl", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "64",
+            "--save-interval", "1", "--use-tensorboard", "--output-dir", str(out)]
+
+
+def _check_run(out: Path):
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["rollout/step"] for r in records if "rollout/step" in r] == [0, 1]
+    assert [r["eval/step"] for r in records if "eval/step" in r] == [0, 1, 2]
+    assert [r["train/step"] for r in records if "train/step" in r] == [1, 2]
+    train = [r for r in records if "train/step" in r][0]
+    for key in ("train/loss", "train/pg_loss", "train/kl_loss", "train/pg_clipfrac", "train/grad_norm"):
+        assert key in train
+    assert 0.0 <= [r for r in records if "eval/step" in r][-1]["eval/arith/score"] <= 1.0
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "config.yaml").is_file() and (out / "samples.jsonl").is_file()
+    ckpt = out / "checkpoints" / "rollout_000002"
+    assert (ckpt / "trainer_state.pt").is_file()
+    AutoModelForCausalLM.from_pretrained(ckpt)  # a plain HF checkpoint
+
+
+@pytest.mark.slow
+def test_train_two_rollouts_qwen2(tiny_qwen2, arith_files, tmp_path):
+    r = rlvr(*_train_args(tiny_qwen2, arith_files, tmp_path / "run"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    _check_run(tmp_path / "run")
+    assert "rollout 1 |" in r.stdout
+
+
+@pytest.mark.slow
+def test_train_two_rollouts_on_a_second_architecture(arith_files, tmp_path):
+    llama = build_tiny_model(tmp_path / "tiny_llama", arch="llama", **SMALL)
+    assert json.loads((llama / "config.json").read_text())["model_type"] == "llama"
+    r = rlvr(*_train_args(llama, arith_files, tmp_path / "run"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    _check_run(tmp_path / "run")
+
+
+def test_cli_errors_name_the_line_key_and_valid_values(tiny_qwen2, tmp_path):
+    bad = write_lines(tmp_path / "bad.jsonl", [{"prompt": "1+1=", "label": "2"}, '{"prompt": oops}'])
+    r = rlvr("train", "--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(bad))
+    assert r.returncode == 2 and f"{bad}:2: not valid JSON" in r.stderr
+    nolabel = write_lines(tmp_path / "nolabel.jsonl", [{"prompt": "1+1=", "answer": "2"}])
+    r = rlvr("train", "--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(nolabel))
+    assert r.returncode == 2 and "nolabel.jsonl:1: missing label field 'label' (--label-key)" in r.stderr
+    r = rlvr("train", "--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(nolabel), "--rm-type", "nope")
+    assert r.returncode == 2 and "--rm-type: unknown reward 'nope'; valid: math" in r.stderr
