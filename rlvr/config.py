@@ -64,9 +64,21 @@ class RolloutConfig:
     rollout_top_p: float = _f(1.0, "nucleus sampling mass")
     rollout_top_k: int = _f(-1, "top-k sampling; -1 = off")
     rm_type: str = _f("math", "reward function, by name (see rlvr.rewards.REWARDS)")
+    custom_reward_post_process_path: str | None = _f(
+        None, "post-process a rollout's rewards: a registered name (dcpo) or pkg.module:fn(samples, tokenizer)"
+    )
+    dynamic_sampling_filter_path: str | None = _f(
+        None, "keep only groups passing this filter (nonzero_std, or pkg.module:fn(group) -> bool), resampling"
+    )
+    dynamic_sampling_max_rounds: int = _f(8, "sampling rounds a rollout may take to fill its batch with kept groups")
+    overlong_buffer_len: int | None = _f(None, "DAPO soft overlong penalty: ramp length before the max length")
+    overlong_penalty_factor: float = _f(1.0, "DAPO soft overlong penalty: its maximum size")
 
     def validate(self) -> None:
+        from rlvr.registry import resolve
         from rlvr.rewards import REWARDS
+        from rlvr.rollout.filters import FILTERS
+        from rlvr.rollout.postprocess import POST_PROCESS
 
         for name in ("rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len"):
             if getattr(self, name) < 1:
@@ -77,6 +89,22 @@ class RolloutConfig:
             raise ConfigError("--rollout-top-p", f"must be in (0, 1], got {self.rollout_top_p}")
         if self.rm_type not in REWARDS:
             raise ConfigError("--rm-type", f"unknown reward {self.rm_type!r}; valid: {', '.join(REWARDS.names())}")
+        for flag, registry, value in (
+            ("--dynamic-sampling-filter-path", FILTERS, self.dynamic_sampling_filter_path),
+            ("--custom-reward-post-process-path", POST_PROCESS, self.custom_reward_post_process_path),
+        ):
+            if value is not None:
+                try:
+                    resolve(registry, value, flag)
+                except KeyError as e:
+                    raise ConfigError(flag, str(e.args[0])) from None
+        if self.dynamic_sampling_max_rounds < 1:
+            raise ConfigError("--dynamic-sampling-max-rounds", "must be >= 1")
+        if self.overlong_buffer_len is not None and not 0 < self.overlong_buffer_len <= self.rollout_max_response_len:
+            raise ConfigError(
+                "--overlong-buffer-len",
+                f"must be in [1, --rollout-max-response-len {self.rollout_max_response_len}], got {self.overlong_buffer_len}",
+            )
 
 
 @dataclass
@@ -94,6 +122,8 @@ class TrainConfig:
     max_tokens_per_gpu: int | None = _f(None, "token budget of one micro-batch with dynamic batch size")
     micro_batch_size: int = _f(1, "samples per micro-batch without dynamic batch size")
     seed: int = _f(1234, "seed of model sampling and training")
+    critic_load: str | None = _f(None, "PPO critic initial weights (HF directory); default --hf-checkpoint")
+    critic_lr: float | None = _f(None, "PPO critic learning rate; default --lr")
 
     def validate(self) -> None:
         if self.hf_checkpoint is None:
@@ -214,6 +244,11 @@ class Config:
                 )
         if self.algo.advantage_estimator in ("grpo", "gspo", "cispo", "rloo") and self.rollout.n_samples_per_prompt < 2:
             raise ConfigError("--n-samples-per-prompt", f"{self.algo.advantage_estimator} needs groups of >= 2 samples")
+        if self.algo.advantage_estimator == "dcpo" and self.rollout.custom_reward_post_process_path is None:
+            raise ConfigError(
+                "--advantage-estimator",
+                "dcpo needs per-sample confidences: add --rm-type math_confidence --custom-reward-post-process-path dcpo",
+            )
         return self
 
     def to_dict(self) -> dict[str, dict[str, Any]]:

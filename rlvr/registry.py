@@ -14,6 +14,7 @@ KeyError: "unknown advantage estimator 'nope' (--advantage-estimator); valid: gr
 
 from __future__ import annotations
 
+import importlib
 from typing import Callable, Generic, Iterator, TypeVar
 
 T = TypeVar("T")
@@ -53,3 +54,32 @@ class Registry(Generic[T]):
 
     def names(self) -> list[str]:
         return sorted(self._items)
+
+
+def load_function(path: str, flag: str) -> Callable:
+    """Import a user function given as ``"pkg.module:fn"`` or ``"pkg.module.fn"``.
+
+    Failures raise ``ConfigError(flag, ...)`` saying what could not be found.
+    """
+    from rlvr.errors import ConfigError
+
+    module_name, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
+    if not module_name or not attr:
+        raise ConfigError(flag, f"{path!r} is not 'pkg.module:function' or 'pkg.module.function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(flag, f"cannot import module {module_name!r} from {path!r}: {e}") from e
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ConfigError(flag, f"module {module_name!r} has no callable {attr!r}")
+    return fn
+
+
+def resolve(registry: Registry[T], name_or_path: str, flag: str) -> T:
+    """A registered name, or else a dotted path to a user function."""
+    if name_or_path in registry:
+        return registry[name_or_path]
+    if "." not in name_or_path and ":" not in name_or_path:
+        registry[name_or_path]  # raises with the list of valid names
+    return load_function(name_or_path, flag)

@@ -18,14 +18,12 @@ p0 = the trainer's policy before this update (``old_log_probs``), p_theta = the 
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import Tensor
 
-from rlvr.errors import ConfigError
-from rlvr.registry import Registry
+from rlvr.registry import Registry, load_function
 
 if TYPE_CHECKING:
     from rlvr.algo.config import AlgoConfig
@@ -95,18 +93,7 @@ CustomTISFn = Callable[..., "tuple[Tensor, Tensor, Metrics]"]
 
 def load_custom_tis_function(path: str) -> CustomTISFn:
     """Load ``--custom-tis-function-path``: ``"pkg.module:fn"`` or ``"pkg.module.fn"``."""
-    flag = "--custom-tis-function-path"
-    module_name, sep, attr = path.partition(":") if ":" in path else path.rpartition(".")
-    if not module_name or not attr:
-        raise ConfigError(flag, f"{path!r} is not 'pkg.module:function' or 'pkg.module.function'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ConfigError(flag, f"cannot import module {module_name!r} from {path!r}: {e}") from e
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ConfigError(flag, f"module {module_name!r} has no callable {attr!r}")
-    return fn
+    return load_function(path, "--custom-tis-function-path")
 
 
 def apply_corrections(

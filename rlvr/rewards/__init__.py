@@ -15,6 +15,7 @@ RewardFn = Callable[[Sample], "float | dict"]
 REWARDS: Registry[RewardFn] = Registry("reward", flag="--rm-type")
 
 # Built-ins register themselves on import.
+from rlvr.rewards import confidence as _confidence  # noqa: E402,F401
 from rlvr.rewards import math as _math  # noqa: E402,F401
 
 

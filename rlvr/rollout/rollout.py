@@ -16,10 +16,16 @@ import logging
 import statistics
 import time
 
+import torch
+
+from rlvr.algo.shaping import overlong_penalty
 from rlvr.config import EvalConfig, RolloutConfig
 from rlvr.data.dataset import DataSource, PromptRecord, render_prompt
 from rlvr.engine.base import Engine, GenerateRequest, GenerateResult, SamplingParams
+from rlvr.registry import resolve
 from rlvr.rewards import RewardFn
+from rlvr.rollout.filters import FILTERS
+from rlvr.rollout.postprocess import POST_PROCESS
 from rlvr.types import RolloutBatch, Sample, Status
 
 log = logging.getLogger(__name__)
@@ -40,14 +46,23 @@ class Rollout:
         self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
         self.data_source, self.reward_fn = data_source, reward_fn
         self.apply_chat_template = apply_chat_template
+        self.group_filter = (
+            resolve(FILTERS, cfg.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path")
+            if cfg.dynamic_sampling_filter_path
+            else None
+        )
+        self.post_process = (
+            resolve(POST_PROCESS, cfg.custom_reward_post_process_path, "--custom-reward-post-process-path")
+            if cfg.custom_reward_post_process_path
+            else None
+        )
         self._prompt_cache: dict[str, tuple[str, list[int]]] = {}
         self.stop_ids = tuple(t for t in {tokenizer.eos_token_id} if t is not None)
 
     # ---- what the loop calls --------------------------------------------------------------
     def generate(self, rollout_id: int) -> RolloutBatch:
         t0 = time.perf_counter()
-        cfg = self.cfg
-        records = self.data_source.next_prompts(cfg.rollout_batch_size)
+        cfg, n = self.cfg, self.cfg.n_samples_per_prompt
         params = SamplingParams(
             temperature=cfg.rollout_temperature,
             top_p=cfg.rollout_top_p,
@@ -55,12 +70,34 @@ class Rollout:
             max_new_tokens=cfg.rollout_max_response_len,
             stop_token_ids=self.stop_ids,
         )
-        samples = self._sample(records, cfg.n_samples_per_prompt, params)
+        # Sample groups until enough pass the dynamic-sampling filter (one round without a filter).
+        kept: list[list[Sample]] = []
+        dropped: list[list[Sample]] = []
+        rounds = 0
+        while len(kept) < cfg.rollout_batch_size and rounds < cfg.dynamic_sampling_max_rounds:
+            rounds += 1
+            samples = self._sample(self.data_source.next_prompts(cfg.rollout_batch_size - len(kept)), n, params)
+            for group in (samples[i : i + n] for i in range(0, len(samples), n)):
+                (kept if self.group_filter is None or self.group_filter(group) else dropped).append(group)
+        unfilled = cfg.rollout_batch_size - len(kept)
+        if unfilled > 0:  # the batch size is part of the contract: top up with dropped groups, loudly
+            log.warning("rollout %d: only %d groups passed the filter in %d rounds; %d dropped groups reused",
+                        rollout_id, len(kept), rounds, unfilled)
+            kept += dropped[:unfilled]
+        samples = [s for group in kept for s in group]
+        for i, s in enumerate(samples):
+            s.index, s.group_index = i, i // n
+        if self.post_process is not None:
+            self.post_process(samples, self.tokenizer)
         elapsed = time.perf_counter() - t0
-        metrics = rollout_metrics(samples, cfg.n_samples_per_prompt, prefix="rollout/")
+        metrics = rollout_metrics(samples, n, prefix="rollout/")
         metrics["perf/rollout_time"] = elapsed
         metrics["perf/rollout_tokens_per_s"] = sum(s.response_length for s in samples) / max(elapsed, 1e-9)
-        return RolloutBatch(rollout_id, samples, cfg.n_samples_per_prompt, metrics)
+        if self.group_filter is not None:
+            metrics["rollout/dynamic_filter/dropped_groups"] = float(len(dropped))
+            metrics["rollout/dynamic_filter/rounds"] = float(rounds)
+            metrics["rollout/dynamic_filter/unfilled_groups"] = float(max(unfilled, 0))
+        return RolloutBatch(rollout_id, samples, n, metrics)
 
     def evaluate(self, name: str, records: list[PromptRecord], cfg: EvalConfig) -> dict[str, float]:
         """``eval/<name>/score`` (mean reward), ``eval/<name>`` (slime's key), truncated ratio."""
@@ -71,7 +108,7 @@ class Rollout:
             max_new_tokens=cfg.eval_max_response_len or self.cfg.rollout_max_response_len,
             stop_token_ids=self.stop_ids,
         )
-        samples = self._sample(records, cfg.n_samples_per_eval_prompt, params)
+        samples = self._sample(records, cfg.n_samples_per_eval_prompt, params, shape=False)
         k = cfg.n_samples_per_eval_prompt
         m = rollout_metrics(samples, k, prefix=f"eval/{name}/")
         m[f"eval/{name}/score"] = m.pop(f"eval/{name}/raw_reward")
@@ -93,7 +130,10 @@ class Rollout:
             self._prompt_cache[key] = (text, ids)
         return self._prompt_cache[key]
 
-    def _sample(self, records: list[PromptRecord], n: int, params: SamplingParams) -> list[Sample]:
+    def _sample(
+        self, records: list[PromptRecord], n: int, params: SamplingParams, shape: bool = True
+    ) -> list[Sample]:
+        """``n`` graded samples per record; ``shape`` applies reward shaping (training only)."""
         samples: list[Sample] = []
         for g, record in enumerate(records):
             text, ids = self._encode(record)
@@ -113,7 +153,7 @@ class Rollout:
         results = asyncio.run(self.engine.generate(requests))
         for s, r in zip(samples, results, strict=True):
             self._fill(s, r)
-            self._grade(s)
+            self._grade(s, shape)
         return samples
 
     def _fill(self, s: Sample, r: GenerateResult) -> None:
@@ -124,13 +164,21 @@ class Rollout:
         s.status = _FINISH_STATUS.get(r.finish_reason, Status.FAILED)
         s.response = self.tokenizer.decode(r.token_ids, skip_special_tokens=True)
 
-    def _grade(self, s: Sample) -> None:
+    def _grade(self, s: Sample, shape: bool) -> None:
         try:
             s.reward = self.reward_fn(s)
         except Exception as e:  # contained: one bad sample must not stop the run
             log.warning("reward failed for sample %d: %r", s.index, e)
             s.reward = 0.0
             s.metadata["reward_error"] = repr(e)
+        if shape and self.cfg.overlong_buffer_len:
+            penalty = float(overlong_penalty(torch.tensor([s.response_length]), self.cfg.rollout_max_response_len,
+                                             self.cfg.overlong_buffer_len, self.cfg.overlong_penalty_factor))
+            s.metadata["overlong_penalty"] = penalty
+            if isinstance(s.reward, dict):
+                s.reward["score"] = float(s.reward["score"]) + penalty
+            else:
+                s.reward = float(s.reward) + penalty
 
 
 def rollout_metrics(samples: list[Sample], n: int, prefix: str) -> dict[str, float]:

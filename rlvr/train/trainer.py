@@ -18,11 +18,10 @@ right-padded, not packed; the token cap counts real tokens, as slime's does for 
 from __future__ import annotations
 
 import copy
+import shutil
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Callable
-
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -32,7 +31,9 @@ from rlvr.algo import (
     AdvantageInputs,
     AlgoConfig,
     aggregate_loss,
+    apply_corrections,
     compute_approx_kl,
+    compute_value_loss,
     global_denominator,
     masked_mean,
     masked_whiten,
@@ -40,11 +41,8 @@ from rlvr.algo import (
 )
 from rlvr.config import TrainConfig
 from rlvr.train.batching import first_fit, fixed_size
+from rlvr.train.critic import Critic
 from rlvr.types import Sample
-
-# loss_fn(indices, log_probs, entropy) -> (per-token loss [b, T], per-token metrics {name: [b, T]})
-LossFn = Callable[[list[int], torch.Tensor, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]
-
 
 def pad_right(rows: list[list[float]] | list[list[int]], width: int, value: float = 0.0, dtype=torch.float32):
     out = torch.full((len(rows), width), value, dtype=dtype)
@@ -75,6 +73,21 @@ def response_log_probs(
     return logp, ent
 
 
+def collate_train_metadata(samples: list[Sample], width: int) -> dict[str, torch.Tensor]:
+    """``Sample.train_metadata`` as tensors: a scalar per sample -> [B]; a per-token list -> [B, width]."""
+    keys = set(samples[0].train_metadata) if samples else set()
+    out: dict[str, torch.Tensor] = {}
+    for key in sorted(keys):
+        values = [s.train_metadata.get(key) for s in samples]
+        if any(v is None for v in values):
+            raise ValueError(f"train_metadata key {key!r} is missing on some samples of the rollout")
+        if isinstance(values[0], (list, tuple)):
+            out[key] = pad_right([list(v) for v in values], width)
+        else:
+            out[key] = torch.tensor([float(v) for v in values], dtype=torch.float32)
+    return out
+
+
 class Trainer:
     def __init__(
         self,
@@ -92,13 +105,17 @@ class Trainer:
         self.model = AutoModelForCausalLM.from_pretrained(train.hf_checkpoint, dtype=torch.float32).eval()
         needs_ref = algo.use_kl_loss or algo.kl_coef != 0
         self.ref_model = copy.deepcopy(self.model).requires_grad_(False) if needs_ref else None
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=train.lr,
-            betas=(train.adam_beta1, train.adam_beta2),
-            weight_decay=train.weight_decay,
+        self.optimizer = self._adamw(self.model.parameters(), train.lr)
+        # PPO's critic (GAE needs values); every other estimator is critic-free.
+        self.critic = Critic(train.critic_load or train.hf_checkpoint) if algo.advantage_estimator == "ppo" else None
+        self.critic_optimizer = (
+            self._adamw(self.critic.parameters(), train.critic_lr or train.lr) if self.critic is not None else None
         )
         self.step = 0  # optimizer steps taken (train/step)
+
+    def _adamw(self, params, lr: float) -> torch.optim.Optimizer:
+        c = self.cfg
+        return torch.optim.AdamW(params, lr=lr, betas=(c.adam_beta1, c.adam_beta2), weight_decay=c.weight_decay)
 
     # ---- what the loop calls --------------------------------------------------------------
     def weights(self) -> dict[str, torch.Tensor]:
@@ -107,43 +124,66 @@ class Trainer:
     def train(self, rollout_id: int, samples: list[Sample]) -> dict[str, float]:
         """One rollout's optimizer steps. Returns ``train/*`` and ``perf/*`` metrics."""
         t0 = time.perf_counter()
-        algo, n = self.algo, len(samples)
+        algo, n, per_token = self.algo, len(samples), self.algo.calculate_per_token_loss
         width = max(s.response_length for s in samples)
         mask = pad_right([s.loss_mask for s in samples], width)
         rollout_lp = pad_right([s.rollout_log_probs for s in samples], width)
         with torch.no_grad():
-            old_lp = self._forward_all(self.model, samples, width)
-            ref_lp = self._forward_all(self.ref_model, samples, width) if self.ref_model is not None else None
+            old_lp = self._forward_all(lambda mb: self._log_probs(self.model, mb, width, False)[0], samples, width)
+            ref_lp = None
+            if self.ref_model is not None:
+                ref_lp = self._forward_all(lambda mb: self._log_probs(self.ref_model, mb, width, False)[0], samples, width)
+            old_values = self._forward_all(lambda mb: self.critic(mb, width), samples, width) if self.critic else None
         rewards = torch.tensor([s.scalar_reward() for s in samples], dtype=torch.float32)
-        advantages, _returns = ADVANTAGES[algo.advantage_estimator](
-            AdvantageInputs(rewards, mask, self.n_samples_per_prompt, log_probs=old_lp, ref_log_probs=ref_lp),
-            algo,
-        )
+        inputs = AdvantageInputs(rewards, mask, self.n_samples_per_prompt, log_probs=old_lp, ref_log_probs=ref_lp,
+                                 values=old_values, train_metadata=collate_train_metadata(samples, width))
+        advantages, returns = ADVANTAGES[algo.advantage_estimator](inputs, algo)
         if algo.normalize_advantages:
             advantages = masked_whiten(advantages, mask)
         pg_loss_fn = POLICY_LOSSES[policy_loss_name(algo)]
+        correct = algo.use_tis or algo.use_opsm
 
-        def rl_loss(idx: list[int], lp: torch.Tensor, ent: torch.Tensor):
+        def actor_loss(idx: list[int], lp: torch.Tensor, ent: torch.Tensor):
             m = mask[idx]
             pg_loss, metrics = pg_loss_fn(lp, old_lp[idx], advantages[idx], m, algo)
+            if correct:  # train-inference corrections (seed 002): p0 / q weights, OPSM
+                pg_loss, extra = apply_corrections(pg_loss, lp, old_lp[idx], rollout_lp[idx], advantages[idx], m, algo)
+                metrics |= extra
             loss = pg_loss - algo.entropy_coef * ent if algo.entropy_coef else pg_loss
             metrics = {"pg_loss": pg_loss, "entropy_loss": ent, **metrics}
             if ref_lp is not None:
-                kl = compute_approx_kl(lp, ref_lp[idx], algo.kl_loss_type)
+                # DeepSeek-V3.2's unbiased KL weights the estimate by p_theta / p0.
+                ratio = torch.exp(lp - old_lp[idx]) if algo.use_unbiased_kl else None
+                kl = compute_approx_kl(lp, ref_lp[idx], algo.kl_loss_type, importance_ratio=ratio)
                 if algo.use_kl_loss:
                     loss = loss + algo.kl_loss_coef * kl
                 metrics["kl_loss"] = kl
             return loss, metrics
 
+        def critic_loss(idx: list[int], values: torch.Tensor):
+            loss, clipfrac = compute_value_loss(values, old_values[idx], returns[idx], algo.value_clip)
+            return 0.5 * loss, {"value_loss": 0.5 * loss, "value_clipfrac": clipfrac}
+
+        actor_forward = lambda mb: self._log_probs(self.model, mb, width, True)  # noqa: E731
         gbs = self.global_batch_size or n
         out: dict[str, list[float]] = defaultdict(list)
         for start in range(0, n, gbs):
             idx = list(range(start, min(start + gbs, n)))
-            for k, v in self._optimizer_step(samples, idx, mask, width, rl_loss, algo.calculate_per_token_loss).items():
+            step_metrics = self._accumulate(samples, idx, mask, per_token, actor_forward, actor_loss,
+                                            self.model, self.optimizer)
+            if self.critic is not None:
+                critic_metrics = self._accumulate(samples, idx, mask, per_token, lambda mb: (self.critic(mb, width),),
+                                                  critic_loss, self.critic, self.critic_optimizer)
+                step_metrics |= {k: v for k, v in critic_metrics.items() if k.startswith("value")}
+                step_metrics["critic_grad_norm"] = critic_metrics["grad_norm"]
+            self.step += 1
+            for k, v in step_metrics.items():
                 out[k].append(v)
         metrics = {f"train/{k}": sum(v) / len(v) for k, v in out.items()}
         metrics["train/train_rollout_logprob_abs_diff"] = float(masked_mean((old_lp - rollout_lp).abs(), mask))
         metrics["train/advantage_mean"] = float(masked_mean(advantages, mask))
+        if old_values is not None:
+            metrics["train/explained_variance"] = explained_variance(old_values, returns, mask)
         metrics["perf/train_time"] = time.perf_counter() - t0
         metrics["perf/train_tokens_per_s"] = sum(s.total_length for s in samples) / metrics["perf/train_time"]
         return metrics
@@ -156,10 +196,16 @@ class Trainer:
         def nll(idx: list[int], lp: torch.Tensor, ent: torch.Tensor):
             return -lp, {"entropy_loss": ent}
 
-        metrics = self._optimizer_step(samples, list(range(len(samples))), mask, width, nll, per_token=True)
+        metrics = self._accumulate(samples, list(range(len(samples))), mask, True,
+                                   lambda mb: self._log_probs(self.model, mb, width, True), nll,
+                                   self.model, self.optimizer)
+        self.step += 1
         return {f"train/{k}": v for k, v in metrics.items()}
 
     # ---- internals -------------------------------------------------------------------------
+    def _log_probs(self, model, mb: list[Sample], width: int, with_entropy: bool):
+        return response_log_probs(model, mb, self.temperature, width, with_entropy)
+
     def _micro_batches(self, samples: list[Sample], idx: list[int]) -> list[list[int]]:
         if self.cfg.use_dynamic_batch_size:
             bins = first_fit([samples[i].total_length for i in idx], self.cfg.max_tokens_per_gpu)
@@ -167,55 +213,61 @@ class Trainer:
             bins = fixed_size(len(idx), self.cfg.micro_batch_size)
         return [[idx[j] for j in b] for b in bins]
 
-    def _forward_all(self, model, samples: list[Sample], width: int) -> torch.Tensor:
+    def _forward_all(self, forward, samples: list[Sample], width: int) -> torch.Tensor:
+        """``forward(micro-batch samples) -> [b, width]`` run over all samples, micro-batched."""
         out = torch.zeros(len(samples), width)
         for mb in self._micro_batches(samples, list(range(len(samples)))):
-            out[mb] = response_log_probs(model, [samples[i] for i in mb], self.temperature, width, False)[0]
+            out[mb] = forward([samples[i] for i in mb])
         return out
 
-    def _optimizer_step(
-        self, samples: list[Sample], idx: list[int], mask: torch.Tensor, width: int, loss_fn: LossFn, per_token: bool
-    ) -> dict[str, float]:
-        """Accumulate gradients over the micro-batches of ``idx`` and take one step."""
-        denominator = global_denominator([mask[idx]], per_token)  # of the whole global batch
+    def _accumulate(self, samples: list[Sample], idx: list[int], mask: torch.Tensor, per_token: bool,
+                    forward, loss_fn, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+        """Accumulate gradients over the micro-batches of global batch ``idx``; one optimizer step.
+
+        ``forward(mb_samples) -> tuple of [b, T] tensors``; ``loss_fn(mb_idx, *tensors) -> (per-token
+        loss, per-token metrics)``. Every micro-batch is normalised by the global batch's
+        denominator, so the summed gradient equals the one-batch gradient.
+        """
+        denominator = global_denominator([mask[idx]], per_token)
         totals: dict[str, float] = defaultdict(float)
-        self.optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=True)
         for mb in self._micro_batches(samples, idx):
-            mb_samples = [samples[i] for i in mb]
-            lp, ent = response_log_probs(self.model, mb_samples, self.temperature, width, True)
-            loss_tok, tok_metrics = loss_fn(mb, lp, ent)
+            loss_tok, tok_metrics = loss_fn(mb, *forward([samples[i] for i in mb]))
             loss = aggregate_loss(loss_tok, mask[mb], per_token, denominator)
             loss.backward()
             totals["loss"] += float(loss.detach())
             for k, v in tok_metrics.items():
                 totals[k] += float(aggregate_loss(v.detach(), mask[mb], per_token, denominator))
         clip = self.cfg.clip_grad if self.cfg.clip_grad > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-        self.optimizer.step()
-        self.step += 1
-        totals["grad_norm"] = float(grad_norm)
-        totals["lr"] = self.optimizer.param_groups[0]["lr"]
+        totals["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(module.parameters(), clip))
+        optimizer.step()
+        totals["lr"] = optimizer.param_groups[0]["lr"]
         return dict(totals)
 
     # ---- checkpoints -----------------------------------------------------------------------
     def save(self, directory: str | Path, tokenizer=None, extra: dict | None = None) -> Path:
-        """Write a HF checkpoint (``model/``) and the optimizer/step state, atomically."""
+        """Write the policy as a plain HF checkpoint plus ``trainer_state.pt`` (optimizer, step) and,
+        with PPO, ``critic/``. Written under a temporary name and renamed, so a crash mid-save never
+        leaves a half-written checkpoint under the final name."""
         directory = Path(directory)
         tmp = directory.with_name(directory.name + ".tmp")
-        if tmp.exists():
-            import shutil
-
-            shutil.rmtree(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
         self.model.save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        torch.save(
-            {"optimizer": self.optimizer.state_dict(), "step": self.step, "extra": extra or {}},
-            tmp / "trainer_state.pt",
-        )
-        if directory.exists():
-            import shutil
-
-            shutil.rmtree(directory)
+        state = {"optimizer": self.optimizer.state_dict(), "step": self.step, "extra": extra or {}}
+        if self.critic is not None:
+            self.critic.save(tmp / "critic")
+            state["critic_optimizer"] = self.critic_optimizer.state_dict()
+        torch.save(state, tmp / "trainer_state.pt")
+        shutil.rmtree(directory, ignore_errors=True)
         tmp.rename(directory)
         return directory
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """1 - Var(returns - values) / Var(returns) over the masked tokens (1 = perfect critic)."""
+    var_returns = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
+    residual = returns - values
+    var_residual = masked_mean((residual - masked_mean(residual, mask)) ** 2, mask)
+    return float(1.0 - var_residual / var_returns.clamp(min=1e-8))

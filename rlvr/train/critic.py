@@ -1,0 +1,54 @@
+"""The PPO critic: a value head on the same architecture as the policy (seed 000 §2.5, 003 §4.1).
+
+The backbone is loaded from ``--critic-load`` (default ``--hf-checkpoint``) with ``AutoModel``, and
+a linear head maps the last hidden state to a scalar. Like log-probs, the value of response token t
+is read at position t - 1: it is V(s_t), the value of the state the token was chosen in.
+
+The critic is trained with PPO's clipped value loss (``compute_value_loss``) on the GAE returns,
+with the same micro-batches and normaliser as the actor, by its own AdamW (``--critic-lr``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModel
+
+from rlvr.types import Sample
+
+
+def _pad(rows: list[list[int]], width: int) -> torch.Tensor:
+    out = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return out
+
+
+class Critic(torch.nn.Module):
+    def __init__(self, checkpoint: str, head_path: str | Path | None = None):
+        super().__init__()
+        self.backbone = AutoModel.from_pretrained(checkpoint, dtype=torch.float32).eval()
+        hidden = self.backbone.config.hidden_size
+        self.head = torch.nn.Linear(hidden, 1)
+        torch.nn.init.zeros_(self.head.weight)  # start at V = 0: no spurious baseline at step 0
+        torch.nn.init.zeros_(self.head.bias)
+        if head_path is not None and Path(head_path).is_file():
+            self.head.load_state_dict(torch.load(head_path, weights_only=True))
+
+    def forward(self, samples: list[Sample], width: int) -> torch.Tensor:
+        """Values ``[b, width]`` of each sample's response tokens, right-padded with 0."""
+        lengths = [s.total_length for s in samples]
+        seq = _pad([s.prompt_ids + s.response_ids for s in samples], max(lengths))
+        attn = _pad([[1] * n for n in lengths], max(lengths))
+        hidden = self.backbone(input_ids=seq, attention_mask=attn).last_hidden_state
+        values = self.head(hidden.float()).squeeze(-1)
+        out = torch.zeros(len(samples), width)
+        for i, s in enumerate(samples):
+            p, r = len(s.prompt_ids), s.response_length
+            out[i, :r] = values[i, p - 1 : p + r - 1]
+        return out
+
+    def save(self, directory: Path) -> None:
+        self.backbone.save_pretrained(directory)
+        torch.save(self.head.state_dict(), directory / "value_head.pt")
