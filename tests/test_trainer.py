@@ -22,7 +22,7 @@ def _samples(n=8, seed=0):
     return out
 
 
-def _grad(ckpt, samples, per_token, max_tokens, micro=1):
+def _grad(ckpt, samples, per_token, max_tokens, micro=1, expect_bins=None):
     algo = AlgoConfig(calculate_per_token_loss=per_token, use_kl_loss=True, kl_loss_coef=0.1,
                       kl_loss_type="low_var_kl", entropy_coef=0.01)
     dyn = max_tokens is not None
@@ -37,6 +37,10 @@ def _grad(ckpt, samples, per_token, max_tokens, micro=1):
         real_step()
 
     tr.optimizer.step = capture
+    if expect_bins is not None:
+        bins = tr._micro_batches(samples, list(range(len(samples))))
+        sizes = sorted(len(b) for b in bins)
+        assert len(bins) == expect_bins and (expect_bins == 1 or sizes[0] != sizes[-1]), sizes
     with torch.no_grad():  # make p_theta differ from the reference so the KL term has a gradient
         next(tr.model.parameters()).add_(0.01)
     tr.train(0, samples)
@@ -46,8 +50,8 @@ def _grad(ckpt, samples, per_token, max_tokens, micro=1):
 @pytest.mark.parametrize("per_token", [False, True])
 def test_gradient_is_independent_of_the_micro_batch_split(tiny_qwen2, per_token):
     samples = _samples()
-    whole = _grad(tiny_qwen2, samples, per_token, max_tokens=10_000)
-    uneven = _grad(tiny_qwen2, samples, per_token, max_tokens=16)  # first-fit: several uneven bins
+    whole = _grad(tiny_qwen2, samples, per_token, max_tokens=10_000, expect_bins=1)
+    uneven = _grad(tiny_qwen2, samples, per_token, max_tokens=28, expect_bins=4)  # first-fit: 2, 2, 3, 1
     ones = _grad(tiny_qwen2, samples, per_token, max_tokens=None, micro=1)
     scale = whole.norm()
     assert scale > 0
