@@ -68,10 +68,27 @@ def build(cfg: Config) -> Components:
     return Components(tokenizer, rollout, trainer, eval_sets)
 
 
+def prepare_run_dir(output_dir: str) -> Path:
+    """Create the run directory; a previous run's outputs there are moved to ``archive/<time>/``
+    (never overwritten, never appended to), so each metrics stream describes one run."""
+    run_dir = Path(output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    old = [run_dir / n for n in ("metrics.jsonl", "samples.jsonl", "tensorboard", "curves.png", "config.yaml")]
+    old = [p for p in old if p.exists()]
+    if old:
+        stamp, k = time.strftime("%Y%m%d-%H%M%S"), 0
+        while (archive := run_dir / "archive" / (stamp + (f"-{k}" if k else ""))).exists():
+            k += 1
+        archive.mkdir(parents=True)
+        for p in old:
+            p.rename(archive / p.name)
+        log.info("moved the previous run's outputs in %s to %s", run_dir, archive)
+    return run_dir
+
+
 def run(cfg: Config, console: bool = True) -> Path:
     """Train for ``--num-rollout`` rollouts; return the run directory."""
-    run_dir = Path(cfg.run.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = prepare_run_dir(cfg.run.output_dir)
     cfg.save_yaml(run_dir / "config.yaml")
     c = build(cfg)
     rollout, trainer = c.rollout, c.trainer
@@ -101,7 +118,7 @@ def run(cfg: Config, console: bool = True) -> Path:
 
             done = rollout_id + 1
             eval_metrics = {}
-            if c.eval_sets and eval_every and (done % eval_every == 0 or done == n_rollout):
+            if c.eval_sets and ((eval_every and done % eval_every == 0) or done == n_rollout):
                 eval_metrics = evaluate(done)
             if (save_every and done % save_every == 0) or done == n_rollout:
                 trainer.save(cfg.run.save_dir / f"rollout_{done:06d}", tokenizer=c.tokenizer, extra={"rollout_id": done})
@@ -131,8 +148,7 @@ def run_sft(cfg: Config, out_dir: str | Path, console: bool = True) -> Path:
     by the EOS token. Writes a plain HF checkpoint to ``out_dir``.
     """
     d = cfg.data
-    run_dir = Path(cfg.run.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = prepare_run_dir(cfg.run.output_dir)
     cfg.save_yaml(run_dir / "config.yaml")
     tokenizer = AutoTokenizer.from_pretrained(cfg.train.hf_checkpoint)
     source = DataSource(read_prompts(d.prompt_data, d.input_key, d.label_key, d.metadata_key), seed=d.rollout_seed)

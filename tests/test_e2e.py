@@ -70,3 +70,16 @@ def test_cli_errors_name_the_line_key_and_valid_values(tiny_qwen2, tmp_path):
     assert r.returncode == 2 and "nolabel.jsonl:1: missing label field 'label' (--label-key)" in r.stderr
     r = rlvr("train", "--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(nolabel), "--rm-type", "nope")
     assert r.returncode == 2 and "--rm-type: unknown reward 'nope'; valid: math" in r.stderr
+
+
+def test_second_run_in_the_same_directory_archives_the_first(tiny_qwen2, arith_files, tmp_path):
+    from rlvr.cli import main
+
+    args = ["train", "--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(arith_files[0]),
+            "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "3",
+            "--num-rollout", "1", "--output-dir", str(tmp_path / "run")]
+    assert main(args) == 0 and main(args) == 0
+    archived = list((tmp_path / "run" / "archive").glob("*/metrics.jsonl"))
+    assert len(archived) == 1
+    current = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line).get("rollout/step") for line in current].count(0) == 1

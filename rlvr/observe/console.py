@@ -40,6 +40,8 @@ def format_summary(rollout_id: int, metrics: dict[str, Any]) -> str:
     reward = _first(metrics, "rollout/raw_reward", "rollout/rewards")
     if reward is not None:
         parts.append(f"reward {_num(reward)}")
+    elif metrics.get("train/loss") is not None:  # SFT: no reward, the loss is the signal
+        parts.append(f"loss {_num(metrics['train/loss'])}")
     if metrics.get("rollout/accuracy") is not None:
         parts.append(f"acc {_num(metrics['rollout/accuracy'])}")
     if metrics.get("rollout/response_len/mean") is not None:

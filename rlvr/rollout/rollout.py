@@ -171,6 +171,7 @@ class Rollout:
             log.warning("reward failed for sample %d: %r", s.index, e)
             s.reward = 0.0
             s.metadata["reward_error"] = repr(e)
+        s.metadata["score"] = s.scalar_reward()  # before shaping: what accuracy is measured on
         if shape and self.cfg.overlong_buffer_len:
             penalty = float(overlong_penalty(torch.tensor([s.response_length]), self.cfg.rollout_max_response_len,
                                              self.cfg.overlong_buffer_len, self.cfg.overlong_penalty_factor))
@@ -188,6 +189,8 @@ def rollout_metrics(samples: list[Sample], n: int, prefix: str) -> dict[str, flo
     groups = [rewards[i : i + n] for i in range(0, len(rewards), n)]
     m = {
         "raw_reward": statistics.fmean(rewards),
+        # Fully correct responses (unshaped reward 1.0): the accuracy of 0/1 verifiers.
+        "accuracy": statistics.fmean(float(s.metadata.get("score", s.scalar_reward()) >= 1.0) for s in samples),
         "response_len/mean": statistics.fmean(lengths),
         "response_len/max": float(max(lengths)),
         "response_len/min": float(min(lengths)),
