@@ -114,6 +114,10 @@ class TrainConfig:
     hf_checkpoint: str | None = _f(None, "Hugging Face checkpoint directory of the policy (and reference)")
     global_batch_size: int | None = _f(None, "samples per optimizer step; default = one step per rollout")
     lr: float = _f(1e-6, "AdamW learning rate")
+    min_lr: float = _f(0.0, "learning rate at the end of a linear or cosine decay")
+    lr_decay_style: str = _f("constant", "learning-rate schedule over the run's optimizer steps",
+                             ["constant", "linear", "cosine"])
+    lr_warmup_iters: int = _f(0, "optimizer steps of linear warm-up from 0 to --lr")
     weight_decay: float = _f(0.0, "AdamW weight decay")
     adam_beta1: float = _f(0.9, "AdamW beta1")
     adam_beta2: float = _f(0.98, "AdamW beta2")
@@ -132,6 +136,10 @@ class TrainConfig:
             raise ConfigError("--hf-checkpoint", f"{self.hf_checkpoint} has no config.json; point it at a HF model directory")
         if self.lr <= 0:
             raise ConfigError("--lr", f"must be > 0, got {self.lr}")
+        if not 0 <= self.min_lr <= self.lr:
+            raise ConfigError("--min-lr", f"must be in [0, --lr {self.lr}], got {self.min_lr}")
+        if self.lr_warmup_iters < 0:
+            raise ConfigError("--lr-warmup-iters", f"must be >= 0, got {self.lr_warmup_iters}")
         if self.use_dynamic_batch_size and not self.max_tokens_per_gpu:
             raise ConfigError("--max-tokens-per-gpu", "is required with --use-dynamic-batch-size")
         if self.max_tokens_per_gpu is not None and self.max_tokens_per_gpu < 1:

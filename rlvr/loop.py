@@ -54,6 +54,7 @@ def build(cfg: Config) -> Components:
         temperature=cfg.rollout.rollout_temperature,
         global_batch_size=cfg.global_batch_size,
         n_samples_per_prompt=cfg.rollout.n_samples_per_prompt,
+        total_steps=cfg.run.num_rollout * cfg.steps_per_rollout,
     )
     # The engine starts from the trainer's weights, so both hold the same policy at version 0.
     engine = EmbeddedEngine(trainer.model, pad_token_id=tokenizer.pad_token_id, seed=cfg.train.seed)
@@ -152,7 +153,7 @@ def run_sft(cfg: Config, out_dir: str | Path, console: bool = True) -> Path:
     cfg.save_yaml(run_dir / "config.yaml")
     tokenizer = AutoTokenizer.from_pretrained(cfg.train.hf_checkpoint)
     source = DataSource(read_prompts(d.prompt_data, d.input_key, d.label_key, d.metadata_key), seed=d.rollout_seed)
-    trainer = Trainer(cfg.train, cfg.algo, temperature=1.0)
+    trainer = Trainer(cfg.train, cfg.algo, temperature=1.0, total_steps=cfg.run.num_rollout)
     def to_sample(r: PromptRecord) -> Sample:
         text = render_prompt(r.prompt, tokenizer, d.apply_chat_template)
         response = tokenizer(str(r.label), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]

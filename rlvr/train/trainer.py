@@ -42,6 +42,7 @@ from rlvr.algo import (
 from rlvr.config import TrainConfig
 from rlvr.train.batching import first_fit, fixed_size
 from rlvr.train.critic import Critic
+from rlvr.train.schedule import lr_at
 from rlvr.types import Sample
 
 def pad_right(rows: list[list[float]] | list[list[int]], width: int, value: float = 0.0, dtype=torch.float32):
@@ -96,8 +97,10 @@ class Trainer:
         temperature: float = 1.0,
         global_batch_size: int | None = None,
         n_samples_per_prompt: int = 1,
+        total_steps: int = 1,
     ):
         self.cfg, self.algo = train, algo
+        self.total_steps = total_steps  # optimizer steps in the run, for the LR schedule
         self.temperature = temperature
         self.global_batch_size = global_batch_size
         self.n_samples_per_prompt = n_samples_per_prompt
@@ -115,7 +118,10 @@ class Trainer:
 
     def _adamw(self, params, lr: float) -> torch.optim.Optimizer:
         c = self.cfg
-        return torch.optim.AdamW(params, lr=lr, betas=(c.adam_beta1, c.adam_beta2), weight_decay=c.weight_decay)
+        opt = torch.optim.AdamW(params, lr=lr, betas=(c.adam_beta1, c.adam_beta2), weight_decay=c.weight_decay)
+        for group in opt.param_groups:
+            group["initial_lr"] = lr  # the schedule scales this (critic and actor alike)
+        return opt
 
     # ---- what the loop calls --------------------------------------------------------------
     def weights(self) -> dict[str, torch.Tensor]:
@@ -240,6 +246,10 @@ class Trainer:
                 totals[k] += float(aggregate_loss(v.detach(), mask[mb], per_token, denominator))
         clip = self.cfg.clip_grad if self.cfg.clip_grad > 0 else float("inf")
         totals["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(module.parameters(), clip))
+        c = self.cfg
+        scale = lr_at(self.step, self.total_steps, c.lr, c.min_lr, c.lr_decay_style, c.lr_warmup_iters) / c.lr
+        for group in optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * scale
         optimizer.step()
         totals["lr"] = optimizer.param_groups[0]["lr"]
         return dict(totals)
