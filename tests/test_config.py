@@ -64,3 +64,26 @@ def test_resolved_config_round_trips(base, tmp_path):
     path = cfg.save_yaml(tmp_path / "config.yaml")
     again = parse_config(["--config", str(path)])
     assert again.to_dict() == cfg.to_dict()
+
+
+def test_lr_schedule_flags(base):
+    cfg = parse_config(base + ["--lr", "1e-3", "--min-lr", "1e-4", "--lr-decay-style", "cosine",
+                               "--lr-warmup-iters", "2"])
+    assert (cfg.train.lr_decay_style, cfg.train.min_lr, cfg.train.lr_warmup_iters) == ("cosine", 1e-4, 2)
+    with pytest.raises(ConfigError, match="--min-lr"):
+        parse_config(base + ["--lr", "1e-3", "--min-lr", "1e-2"])
+    with pytest.raises(SystemExit):  # argparse rejects a style outside the choices
+        parse_config(base + ["--lr-decay-style", "step"])
+
+
+def test_lr_follows_the_schedule_in_training(tiny_qwen2):
+    from rlvr.algo import AlgoConfig
+    from rlvr.config import TrainConfig
+    from rlvr.train.trainer import Trainer
+    from rlvr.types import Sample
+
+    tr = Trainer(TrainConfig(hf_checkpoint=str(tiny_qwen2), lr=1.0e-3, min_lr=0.0, lr_decay_style="linear"),
+                 AlgoConfig(), total_steps=3)
+    sample = Sample("", [1, 2, 3], response_ids=[4, 5], loss_mask=[1, 1])
+    lrs = [tr.train_sft([sample])["train/lr"] for _ in range(3)]
+    assert lrs == pytest.approx([1.0e-3, 0.5e-3, 0.0])
