@@ -39,6 +39,24 @@ def _sft(argv: list[str]) -> None:
     print(f"sft: wrote {out}")
 
 
+def _eval(argv: list[str]) -> None:
+    from rlvr.config import build_config, make_parser, merged_values
+    from rlvr.errors import ConfigError
+    from rlvr.loop import run_eval
+
+    values = merged_values(make_parser("rlvr eval").parse_args(argv))
+    cfg = build_config(values)
+    cfg.train.validate()
+    cfg.eval.validate()
+    cfg.rollout.validate()
+    if not cfg.eval.eval_prompt_data:
+        raise ConfigError("--eval-prompt-data", "is required: NAME PATH [NAME PATH ...] or one PATH")
+    metrics = run_eval(cfg)
+    width = max(len(k) for k in metrics)
+    for key, value in sorted(metrics.items()):
+        print(f"{key:<{width}}  {value:.4f}")
+
+
 def _plot(argv: list[str]) -> None:
     from rlvr.observe import plot_runs
 
@@ -83,6 +101,7 @@ def _make_arith_data(argv: list[str]) -> None:
 COMMANDS = {
     "train": (_train, "RL training (GRPO and the other estimators) on a HF checkpoint"),
     "sft": (_sft, "supervised bootstrap: NLL on the label as the response"),
+    "eval": (_eval, "evaluate a checkpoint on held-out sets (greedy by default) and print a table"),
     "plot": (_plot, "PNG dashboard of run directories"),
     "demo": (_demo, "the arithmetic demo end to end (what `make demo` runs)"),
     "make-tiny-model": (_make_tiny_model, "write a tiny random HF causal LM + tokenizer"),

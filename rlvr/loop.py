@@ -169,6 +169,27 @@ def run_sft(cfg: Config, out_dir: str | Path, console: bool = True) -> Path:
             metrics["perf/train_time"] = time.perf_counter() - t0
             logger.log(metrics, "train/step", trainer.step)
             progress.advance(step, metrics)
+            if cfg.run.save_interval and (step + 1) % cfg.run.save_interval == 0 and step + 1 < cfg.run.num_rollout:
+                trainer.model.save_pretrained(Path(out_dir) / f"step_{step + 1:06d}")
+                tokenizer.save_pretrained(Path(out_dir) / f"step_{step + 1:06d}")
     trainer.model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return Path(out_dir)
+
+
+def run_eval(cfg: Config) -> dict[str, float]:
+    """Evaluate ``--hf-checkpoint`` on every ``--eval-prompt-data`` set (no training)."""
+    from transformers import AutoModelForCausalLM
+
+    d = cfg.data
+    tokenizer = AutoTokenizer.from_pretrained(cfg.train.hf_checkpoint)
+    model = AutoModelForCausalLM.from_pretrained(cfg.train.hf_checkpoint)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    engine = EmbeddedEngine(model, pad_token_id=pad, seed=cfg.train.seed)
+    metrics: dict[str, float] = {}
+    for name, path in cfg.eval.datasets():
+        records = read_prompts(path, d.input_key, d.label_key, d.metadata_key)
+        rollout = Rollout(cfg.rollout, engine, tokenizer, DataSource(records), REWARDS[cfg.rollout.rm_type],
+                          apply_chat_template=d.apply_chat_template)
+        metrics |= rollout.evaluate(name, records, cfg.eval)
+    return metrics

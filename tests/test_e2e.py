@@ -83,3 +83,13 @@ def test_second_run_in_the_same_directory_archives_the_first(tiny_qwen2, arith_f
     assert len(archived) == 1
     current = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line).get("rollout/step") for line in current].count(0) == 1
+
+
+def test_eval_command_prints_a_table(tiny_qwen2, arith_files, capsys):
+    from rlvr.cli import main
+
+    assert main(["eval", "--hf-checkpoint", str(tiny_qwen2), "--eval-prompt-data", "arith", str(arith_files[1]),
+                 "--rollout-max-response-len", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "eval/arith/score" in out and "eval/arith/truncated_ratio" in out
+    assert main(["eval", "--hf-checkpoint", str(tiny_qwen2)]) == 2
