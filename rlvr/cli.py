@@ -34,7 +34,7 @@ def _sft(argv: list[str]) -> None:
     values = merged_values(make_parser("rlvr sft").parse_args(argv))
     if any(demo.is_example_asset(values.get(k)) for k in ("hf_checkpoint", "prompt_data")):
         demo.prepare_assets(sft=False)
-    cfg = build_config(values).validate()
+    cfg = build_config(values).validate(rl=False)
     out = run_sft(cfg, cfg.run.save or Path(cfg.run.output_dir) / "model")
     print(f"sft: wrote {out}")
 

@@ -229,7 +229,8 @@ class Config:
     def steps_per_rollout(self) -> int:
         return self.samples_per_rollout // self.global_batch_size
 
-    def validate(self) -> Config:
+    def validate(self, rl: bool = True) -> Config:
+        """Check every group, then the cross-group rules; ``rl=False`` (SFT) skips the RL-only ones."""
         for group in GROUPS:
             getattr(self, group).validate()
         if self.data.prompt_data is None:
@@ -250,6 +251,8 @@ class Config:
                     f"{self.train.max_tokens_per_gpu} cannot hold one response of --rollout-max-response-len "
                     f"{self.rollout.rollout_max_response_len} plus its prompt; raise it",
                 )
+        if not rl:
+            return self
         if self.algo.advantage_estimator in ("grpo", "gspo", "cispo", "rloo") and self.rollout.n_samples_per_prompt < 2:
             raise ConfigError("--n-samples-per-prompt", f"{self.algo.advantage_estimator} needs groups of >= 2 samples")
         if self.algo.advantage_estimator == "dcpo" and self.rollout.custom_reward_post_process_path is None:
@@ -383,15 +386,12 @@ def merged_values(ns: argparse.Namespace) -> dict[str, Any]:
     return values
 
 
-def config_from_args(ns: argparse.Namespace) -> Config:
-    return build_config(merged_values(ns)).validate()
-
-
 def make_parser(prog: str = "rlvr train") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog)
     add_config_arguments(parser)
     return parser
 
 
-def parse_config(argv: list[str]) -> Config:
-    return config_from_args(make_parser().parse_args(argv))
+def parse_config(argv: list[str], rl: bool = True) -> Config:
+    """Flags (and ``--config``) to a validated ``Config``; ``rl=False`` for SFT."""
+    return build_config(merged_values(make_parser().parse_args(argv))).validate(rl=rl)

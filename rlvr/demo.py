@@ -45,7 +45,7 @@ def prepare_assets(console: bool = True, sft: bool = True) -> None:
         build_tiny_model(ASSETS / "base", **TINY_MODEL)
     if sft and not (ASSETS / "sft" / "config.json").is_file():
         log.info("bootstrap SFT -> %s (examples/arith/sft.yaml)", ASSETS / "sft")
-        cfg = parse_config(["--config", str(EXAMPLE_DIR / "sft.yaml")])
+        cfg = parse_config(["--config", str(EXAMPLE_DIR / "sft.yaml")], rl=False)
         run_sft(cfg, ASSETS / "sft", console=console)
 
 
