@@ -287,9 +287,28 @@ def _field_index() -> dict[str, tuple[str, dataclasses.Field]]:
 FIELDS = _field_index()
 
 
+def _annotation(tp: Any) -> Any:
+    return eval(tp, vars(typing), {}) if isinstance(tp, str) else tp  # noqa: S307 (our own annotations)
+
+
+def _optional(tp: Any) -> bool:
+    tp = _annotation(tp)
+    return typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp)
+
+
+def _or_none(parse):
+    """Flag parser for an optional field: ``none`` / ``null`` unsets a value the YAML file set."""
+
+    def convert(text: str):
+        return None if text.lower() in ("none", "null") else parse(text)
+
+    convert.__name__ = parse.__name__  # argparse names the type in its error messages
+    return convert
+
+
 def _base_type(tp: Any) -> tuple[Any, bool]:
     """(inner type, is_list) of an annotation like ``float | None`` or ``list[str]``."""
-    tp = eval(tp, vars(typing), {}) if isinstance(tp, str) else tp  # noqa: S307 (our own annotations)
+    tp = _annotation(tp)
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         tp = args[0]
@@ -309,7 +328,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
             if tp is bool:
                 kwargs["action"] = argparse.BooleanOptionalAction
             else:
-                kwargs["type"] = tp
+                kwargs["type"] = _or_none(tp) if _optional(f.type) else tp
                 if is_list:
                     kwargs["nargs"] = "+"
                 if "choices" in f.metadata:

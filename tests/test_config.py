@@ -87,3 +87,11 @@ def test_lr_follows_the_schedule_in_training(tiny_qwen2):
     sample = Sample("", [1, 2, 3], response_ids=[4, 5], loss_mask=[1, 1])
     lrs = [tr.train_sft([sample])["train/lr"] for _ in range(3)]
     assert lrs == pytest.approx([1.0e-3, 0.5e-3, 0.0])
+
+
+def test_none_on_the_command_line_unsets_an_optional_yaml_value(base, tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("dynamic-sampling-filter-path: nonzero_std\neps-clip-high: 0.28\n")
+    cfg = parse_config(base + ["--config", str(y), "--dynamic-sampling-filter-path", "none",
+                               "--eps-clip-high", "null"])
+    assert cfg.rollout.dynamic_sampling_filter_path is None and cfg.algo.eps_clip_high is None
