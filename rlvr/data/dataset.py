@@ -9,13 +9,13 @@ A dataset is a JSONL file, one JSON object per line: ``{"prompt": ..., "label": 
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlvr.errors import DataError
+from rlvr.jsonl import iter_objects
 
 
 @dataclass
@@ -34,34 +34,25 @@ def read_prompts(
     if not path.is_file():
         raise DataError(str(path), None, "file not found")
     records: list[PromptRecord] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(str(path), lineno, f"not valid JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(row, dict):
-                raise DataError(str(path), lineno, f"expected a JSON object, got {type(row).__name__}")
-            if input_key not in row:
-                raise DataError(
-                    str(path), lineno, f"missing prompt field {input_key!r} (--input-key); fields: {sorted(row)}"
-                )
-            prompt = row[input_key]
-            if not (isinstance(prompt, str) or _is_messages(prompt)):
-                raise DataError(
-                    str(path), lineno, f"field {input_key!r} must be a string or a list of chat messages"
-                )
-            if label_key is not None and label_key not in row:
-                raise DataError(
-                    str(path), lineno, f"missing label field {label_key!r} (--label-key); fields: {sorted(row)}"
-                )
-            metadata = row.get(metadata_key) or {}
-            if not isinstance(metadata, dict):
-                raise DataError(str(path), lineno, f"field {metadata_key!r} (--metadata-key) must be an object")
-            label = row[label_key] if label_key is not None else None
-            records.append(PromptRecord(len(records), prompt, label, metadata))
+    for lineno, row in iter_objects(path):
+        if input_key not in row:
+            raise DataError(
+                str(path), lineno, f"missing prompt field {input_key!r} (--input-key); fields: {sorted(row)}"
+            )
+        prompt = row[input_key]
+        if not (isinstance(prompt, str) or _is_messages(prompt)):
+            raise DataError(
+                str(path), lineno, f"field {input_key!r} must be a string or a list of chat messages"
+            )
+        if label_key is not None and label_key not in row:
+            raise DataError(
+                str(path), lineno, f"missing label field {label_key!r} (--label-key); fields: {sorted(row)}"
+            )
+        metadata = row.get(metadata_key) or {}
+        if not isinstance(metadata, dict):
+            raise DataError(str(path), lineno, f"field {metadata_key!r} (--metadata-key) must be an object")
+        label = row[label_key] if label_key is not None else None
+        records.append(PromptRecord(len(records), prompt, label, metadata))
     if not records:
         raise DataError(str(path), None, "no prompts in file")
     return records

@@ -20,11 +20,10 @@ from __future__ import annotations
 import json
 import math
 import time
-import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
-from rlvr.errors import DataError
+from rlvr.jsonl import iter_objects
 
 STEP_KEYS = ("rollout/step", "train/step", "eval/step")
 METRICS_FILE = "metrics.jsonl"
@@ -121,22 +120,7 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
         path = path / METRICS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no metrics file (was the run started with this run dir?)")
-    text = path.read_text(encoding="utf-8")
-    lines = text.split("\n")  # a complete file ends with "\n", so the last piece is ""
-    records = []
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            if lineno == len(lines):  # no newline after it: truncated by a kill
-                warnings.warn(f"{path}:{lineno}: skipping truncated last line")
-                break
-            raise DataError(str(path), lineno, f"not valid JSON ({e.msg})") from None
-        if not isinstance(record, dict):
-            raise DataError(str(path), lineno, f"expected a JSON object, got {type(record).__name__}")
-        records.append(record)
+    records = [record for _, record in iter_objects(path, allow_truncated_tail=True)]
     return records
 
 
