@@ -142,6 +142,9 @@ def write_samples(path: Path, batch: RolloutBatch, k: int = 4) -> None:
             f.write(json.dumps(row, default=str) + "\n")
 
 
+SFT_LOG_EVERY = 50  # SFT steps are short: one console line per 50 (metrics.jsonl has every step)
+
+
 def run_sft(cfg: Config, out_dir: str | Path, console: bool = True) -> Path:
     """Supervised bootstrap: ``--num-rollout`` steps of NLL on ``label`` as the response.
 
@@ -168,7 +171,8 @@ def run_sft(cfg: Config, out_dir: str | Path, console: bool = True) -> Path:
             metrics = trainer.train_sft([to_sample(r) for r in source.next_prompts(cfg.rollout.rollout_batch_size)])
             metrics["perf/train_time"] = time.perf_counter() - t0
             logger.log(metrics, "train/step", trainer.step)
-            progress.advance(step, metrics)
+            last = step + 1 == cfg.run.num_rollout
+            progress.advance(step, metrics, show=step % SFT_LOG_EVERY == 0 or last)
             if cfg.run.save_interval and (step + 1) % cfg.run.save_interval == 0 and step + 1 < cfg.run.num_rollout:
                 trainer.model.save_pretrained(Path(out_dir) / f"step_{step + 1:06d}")
                 tokenizer.save_pretrained(Path(out_dir) / f"step_{step + 1:06d}")

@@ -82,15 +82,17 @@ class ConsoleProgress:
             self._task = self._progress.add_task("rollouts", total=self.total, completed=self.start)
         return self
 
-    def advance(self, rollout_id: int, metrics: dict[str, Any]) -> None:
-        """Print the summary line of ``rollout_id`` and move the bar to ``rollout_id + 1``."""
+    def advance(self, rollout_id: int, metrics: dict[str, Any], show: bool = True) -> None:
+        """Move the bar to ``rollout_id + 1`` and, if ``show``, print the summary line of
+        ``rollout_id`` (SFT prints one line every N steps instead of thousands)."""
         if not self.enabled:
             return
         line = format_summary(rollout_id, metrics)
         if self._progress is not None:
-            self._progress.console.print(line, markup=False, highlight=False)
+            if show:
+                self._progress.console.print(line, markup=False, highlight=False)
             self._progress.update(self._task, completed=rollout_id + 1)
-        else:
+        elif show:
             # soft_wrap: never break a long line at the console width (80 columns off a TTY).
             self.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
