@@ -13,28 +13,29 @@ import sys
 from rlvr.errors import ConfigError, DataError
 
 
-def _train(argv: list[str]) -> None:
+def _config_with_assets(argv: list[str], prog: str, rl: bool):
+    """Parse flags + YAML; when they name the example's assets, build those first (first use)."""
     from rlvr import demo
     from rlvr.config import build_config, make_parser, merged_values
+
+    values = merged_values(make_parser(prog).parse_args(argv))
+    if any(demo.is_example_asset(values.get(k)) for k in ("hf_checkpoint", "prompt_data")):
+        demo.prepare_assets(sft=rl)  # SFT itself only needs the data and the base model
+    return build_config(values).validate(rl=rl)
+
+
+def _train(argv: list[str]) -> None:
     from rlvr.loop import run
 
-    values = merged_values(make_parser("rlvr train").parse_args(argv))
-    if any(demo.is_example_asset(values.get(k)) for k in ("hf_checkpoint", "prompt_data")):
-        demo.prepare_assets()  # the example config names assets that are built on first use
-    run(build_config(values).validate())
+    run(_config_with_assets(argv, "rlvr train", rl=True))
 
 
 def _sft(argv: list[str]) -> None:
     from pathlib import Path
 
-    from rlvr import demo
-    from rlvr.config import build_config, make_parser, merged_values
     from rlvr.loop import run_sft
 
-    values = merged_values(make_parser("rlvr sft").parse_args(argv))
-    if any(demo.is_example_asset(values.get(k)) for k in ("hf_checkpoint", "prompt_data")):
-        demo.prepare_assets(sft=False)
-    cfg = build_config(values).validate(rl=False)
+    cfg = _config_with_assets(argv, "rlvr sft", rl=False)
     out = run_sft(cfg, cfg.run.save or Path(cfg.run.output_dir) / "model")
     print(f"sft: wrote {out}")
 

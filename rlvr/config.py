@@ -23,17 +23,10 @@ from typing import Any
 
 import yaml
 
-from rlvr.algo.config import AlgoConfig, flag_of
+from rlvr.algo.config import AlgoConfig
 from rlvr.errors import ConfigError
-
-
-def _f(default, help: str, choices: list[str] | None = None, **extra):
-    meta = {"help": help, **extra}
-    if choices is not None:
-        meta["choices"] = choices
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=meta)
-    return field(default=default, metadata=meta)
+from rlvr.fields import flag_of
+from rlvr.fields import option as _f
 
 
 @dataclass

@@ -39,15 +39,29 @@ class Components:
     eval_sets: dict[str, list[PromptRecord]]
 
 
-def build(cfg: Config) -> Components:
-    d = cfg.data
-    tokenizer = AutoTokenizer.from_pretrained(cfg.train.hf_checkpoint)
+def load_tokenizer(path: str):
+    """The checkpoint's tokenizer; one without a pad token pads with EOS."""
+    tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    records = read_prompts(d.prompt_data, d.input_key, d.label_key, d.metadata_key)
-    eval_sets = {
-        name: read_prompts(path, d.input_key, d.label_key, d.metadata_key) for name, path in cfg.eval.datasets()
-    }
+    return tokenizer
+
+
+def read_dataset(cfg: Config, path: str) -> list[PromptRecord]:
+    d = cfg.data
+    return read_prompts(path, d.input_key, d.label_key, d.metadata_key)
+
+
+def save_hf(model, tokenizer, directory: str | Path) -> None:
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+
+
+def build(cfg: Config) -> Components:
+    d = cfg.data
+    tokenizer = load_tokenizer(cfg.train.hf_checkpoint)
+    records = read_dataset(cfg, d.prompt_data)
+    eval_sets = {name: read_dataset(cfg, path) for name, path in cfg.eval.datasets()}
     trainer = Trainer(
         cfg.train,
         cfg.algo,
@@ -154,9 +168,10 @@ def run_sft(cfg: Config, out_dir: str | Path, console: bool = True) -> Path:
     d = cfg.data
     run_dir = prepare_run_dir(cfg.run.output_dir)
     cfg.save_yaml(run_dir / "config.yaml")
-    tokenizer = AutoTokenizer.from_pretrained(cfg.train.hf_checkpoint)
-    source = DataSource(read_prompts(d.prompt_data, d.input_key, d.label_key, d.metadata_key), seed=d.rollout_seed)
+    tokenizer = load_tokenizer(cfg.train.hf_checkpoint)
+    source = DataSource(read_dataset(cfg, d.prompt_data), seed=d.rollout_seed)
     trainer = Trainer(cfg.train, cfg.algo, temperature=1.0, total_steps=cfg.run.num_rollout)
+
     def to_sample(r: PromptRecord) -> Sample:
         text = render_prompt(r.prompt, tokenizer, d.apply_chat_template)
         response = tokenizer(str(r.label), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
@@ -173,26 +188,20 @@ def run_sft(cfg: Config, out_dir: str | Path, console: bool = True) -> Path:
             logger.log(metrics, "train/step", trainer.step)
             last = step + 1 == cfg.run.num_rollout
             progress.advance(step, metrics, show=step % SFT_LOG_EVERY == 0 or last)
-            if cfg.run.save_interval and (step + 1) % cfg.run.save_interval == 0 and step + 1 < cfg.run.num_rollout:
-                trainer.model.save_pretrained(Path(out_dir) / f"step_{step + 1:06d}")
-                tokenizer.save_pretrained(Path(out_dir) / f"step_{step + 1:06d}")
-    trainer.model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+            if cfg.run.save_interval and (step + 1) % cfg.run.save_interval == 0 and not last:
+                save_hf(trainer.model, tokenizer, Path(out_dir) / f"step_{step + 1:06d}")
+    save_hf(trainer.model, tokenizer, out_dir)
     return Path(out_dir)
 
 
 def run_eval(cfg: Config) -> dict[str, float]:
     """Evaluate ``--hf-checkpoint`` on every ``--eval-prompt-data`` set (no training)."""
-    from transformers import AutoModelForCausalLM
-
     d = cfg.data
-    tokenizer = AutoTokenizer.from_pretrained(cfg.train.hf_checkpoint)
-    model = AutoModelForCausalLM.from_pretrained(cfg.train.hf_checkpoint)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    engine = EmbeddedEngine(model, pad_token_id=pad, seed=cfg.train.seed)
+    tokenizer = load_tokenizer(cfg.train.hf_checkpoint)
+    engine = EmbeddedEngine(cfg.train.hf_checkpoint, pad_token_id=tokenizer.pad_token_id, seed=cfg.train.seed)
     metrics: dict[str, float] = {}
     for name, path in cfg.eval.datasets():
-        records = read_prompts(path, d.input_key, d.label_key, d.metadata_key)
+        records = read_dataset(cfg, path)
         rollout = Rollout(cfg.rollout, engine, tokenizer, DataSource(records), REWARDS[cfg.rollout.rm_type],
                           apply_chat_template=d.apply_chat_template)
         metrics |= rollout.evaluate(name, records, cfg.eval)

@@ -8,23 +8,15 @@ from the registries, so adding an estimator or loss needs no edit here. Defaults
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 from rlvr.algo.advantages import ADVANTAGES
 from rlvr.algo.corrections import TIS_MODES
 from rlvr.algo.kl import KL
 from rlvr.algo.policy_loss import POLICY_LOSSES
 from rlvr.errors import ConfigError
-
-
-def _f(default, help: str, choices: list[str] | None = None):
-    meta = {"help": help} if choices is None else {"help": help, "choices": choices}
-    return field(default=default, metadata=meta)
-
-
-def flag_of(name: str) -> str:
-    """CLI flag for a field name: ``eps_clip_high`` -> ``--eps-clip-high``."""
-    return "--" + name.replace("_", "-")
+from rlvr.fields import flag_of
+from rlvr.fields import option as _f
 
 
 @dataclass

@@ -4,9 +4,14 @@
 each into the first micro-batch whose token total stays within the cap. A sample longer than
 the cap on its own cannot be placed; that is an error here, with the numbers to change.
 ``fixed_size`` chunks by a sample count. Both return lists of indices, never an empty list.
+``pad_right`` and ``token_batch`` build the right-padded tensors a micro-batch runs on.
 """
 
 from __future__ import annotations
+
+import torch
+
+from rlvr.types import Sample
 
 
 def first_fit(lengths: list[int], max_tokens: int) -> list[list[int]]:
@@ -43,3 +48,19 @@ def fixed_size(n_items: int, size: int) -> list[list[int]]:
     [[0, 1], [2, 3], [4]]
     """
     return [list(range(s, min(s + size, n_items))) for s in range(0, n_items, size)]
+
+
+def pad_right(rows: list[list[float]] | list[list[int]], width: int, value: float = 0.0, dtype=torch.float32):
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    for i, row in enumerate(rows):
+        if row:
+            out[i, : len(row)] = torch.tensor(row, dtype=dtype)
+    return out
+
+
+def token_batch(samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)`` ``[b, L]`` of prompt + response, right-padded."""
+    lengths = [s.total_length for s in samples]
+    seq = pad_right([s.prompt_ids + s.response_ids for s in samples], max(lengths), dtype=torch.long)
+    attn = pad_right([[1] * n for n in lengths], max(lengths), dtype=torch.long)
+    return seq, attn

@@ -15,14 +15,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModel
 
+from rlvr.train.batching import token_batch
 from rlvr.types import Sample
-
-
-def _pad(rows: list[list[int]], width: int) -> torch.Tensor:
-    out = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-    return out
 
 
 class Critic(torch.nn.Module):
@@ -38,9 +32,7 @@ class Critic(torch.nn.Module):
 
     def forward(self, samples: list[Sample], width: int) -> torch.Tensor:
         """Values ``[b, width]`` of each sample's response tokens, right-padded with 0."""
-        lengths = [s.total_length for s in samples]
-        seq = _pad([s.prompt_ids + s.response_ids for s in samples], max(lengths))
-        attn = _pad([[1] * n for n in lengths], max(lengths))
+        seq, attn = token_batch(samples)
         hidden = self.backbone(input_ids=seq, attention_mask=attn).last_hidden_state
         values = self.head(hidden.float()).squeeze(-1)
         out = torch.zeros(len(samples), width)

@@ -40,27 +40,17 @@ from rlvr.algo import (
     policy_loss_name,
 )
 from rlvr.config import TrainConfig
-from rlvr.train.batching import first_fit, fixed_size
+from rlvr.train.batching import first_fit, fixed_size, pad_right, token_batch
 from rlvr.train.critic import Critic
 from rlvr.train.schedule import lr_at
 from rlvr.types import Sample
-
-def pad_right(rows: list[list[float]] | list[list[int]], width: int, value: float = 0.0, dtype=torch.float32):
-    out = torch.full((len(rows), width), value, dtype=dtype)
-    for i, row in enumerate(rows):
-        if row:
-            out[i, : len(row)] = torch.tensor(row, dtype=dtype)
-    return out
-
 
 def response_log_probs(
     model: torch.nn.Module, samples: list[Sample], temperature: float, width: int, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs ``[b, width]`` of each sample's response tokens under ``model`` at ``temperature``
     (right-padded with 0), and optionally the entropy of each position's distribution."""
-    lengths = [s.total_length for s in samples]
-    seq = pad_right([s.prompt_ids + s.response_ids for s in samples], max(lengths), dtype=torch.long)
-    attn = pad_right([[1] * n for n in lengths], max(lengths), dtype=torch.long)
+    seq, attn = token_batch(samples)
     logits = model(input_ids=seq, attention_mask=attn).logits
     logp = torch.zeros(len(samples), width)
     ent = torch.zeros(len(samples), width) if with_entropy else None
