@@ -2,8 +2,13 @@
 
 An engine turns token-id prompts into sampled responses and returns, for every sampled token,
 its log-probability under the sampling distribution (temperature applied) — the behaviour
-policy q of seed 002. The embedded engine implements it in-process; server engines (SGLang,
-vLLM, ``rlvr serve``) plug in behind the same methods.
+policy q of seed 002 — and the weight version that produced it. The embedded engine
+(``rlvr.engine.embedded``) implements it in-process; ``rlvr.engine.client.HttpEngine`` speaks
+SGLang's HTTP protocol to ``rlvr serve`` or a real SGLang server behind the same methods.
+
+Finish reasons: ``stop`` (a stop token id or stop string), ``length`` (``max_new_tokens``),
+``abort`` (``abort()`` or a cancelled call; the tokens so far come back), ``error`` (the
+request failed; ``meta["error"]`` says why — the rollout marks the sample FAILED).
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Protocol
 
 import torch
+
+FINISH_REASONS = ("stop", "length", "abort", "error")
 
 
 @dataclass(frozen=True)
@@ -23,13 +30,26 @@ class SamplingParams:
     top_k: int = -1  # -1 = off
     max_new_tokens: int = 64
     stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()  # stop strings: finish once the decoded response contains one
+    seed: int | None = None  # per-request sampling seed (SGLang's ``sampling_seed``); None = engine's stream
+
+    def check(self) -> None:
+        """Raise ValueError naming the bad field (the server turns it into HTTP 400)."""
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
 
 
 @dataclass
 class GenerateRequest:
     prompt_ids: list[int]
     params: SamplingParams
-    rid: str = ""  # request id, echoed back
+    rid: str = ""  # request id, echoed back; abort(rid) aborts just this request
 
 
 @dataclass
@@ -37,21 +57,35 @@ class GenerateResult:
     rid: str
     token_ids: list[int]
     log_probs: list[float]  # one per token in token_ids, under q (temperature applied)
-    finish_reason: str  # "stop" | "length" | "abort"
-    weight_version: int
+    finish_reason: str  # one of FINISH_REASONS
+    weight_version: int  # version of the last token (the engine's version when none was sampled)
     meta: dict = field(default_factory=dict)
+    weight_versions: list[int] = field(default_factory=list)  # one per token in token_ids
 
 
 class Engine(Protocol):
-    async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]: ...
+    async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+        """Sample every request; many concurrent calls are batched together, and each call
+        returns as soon as its own requests are done (one result per request, in order)."""
+        ...
 
     def update_weights(
         self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int
     ) -> None: ...
 
-    def abort(self) -> None: ...
+    def abort(self, rid: str | None = None) -> None:
+        """Finish every in-flight request (or the one with ``rid``) with reason ``abort``."""
+        ...
 
     def health(self) -> bool: ...
+
+    def sleep(self) -> None:
+        """Release the engine's weights memory (colocated with a trainer); nothing may be in flight."""
+        ...
+
+    def wake(self) -> None:
+        """Undo ``sleep``; the weights must be pushed with ``update_weights`` before generating."""
+        ...
 
     @property
     def weight_version(self) -> int: ...

@@ -1,47 +1,82 @@
-"""The embedded engine: in-process PyTorch sampling on any Hugging Face causal LM.
+"""The embedded engine: in-process continuous-batching sampler on any Hugging Face causal LM.
 
-Contract: ``generate`` samples each request independently with its own temperature / top-p /
-top-k / max-new-tokens / stop ids, and returns the sampled token ids with the log-prob of each
-token under softmax(logits / temperature) over the full vocabulary — the same quantity the
-trainer recomputes (it divides logits by ``--rollout-temperature`` too), so train-vs-rollout
-log-prob differences measure real train/inference mismatch, not a definition gap. Top-p/top-k
-restrict *which* tokens can be drawn; the returned log-prob is not renormalised over the kept
-set (slime/SGLang convention). Greedy (temperature 0) returns log-probs at temperature 1.
+Contract (rlvr.engine.base): every request is sampled independently with its own temperature,
+top-p, top-k, max new tokens, stop ids, stop strings and seed; each token comes back with its
+log-prob under softmax(logits / T) (``rlvr.engine.sampling``) and the weight version that
+produced it. ``generate`` may be called many times concurrently; all calls share one batch and
+each returns when its own requests are done.
 
-Simplifications of this first version (the engine issue replaces them): requests are run as
-one left-padded batch with a shared KV cache; finished rows keep decoding padding until every
-row is done; no continuous batching.
+How it is fast for RL's shape (n samples of one prompt, very uneven lengths):
+- **Shared prefill.** Requests of one call with the same prompt form a group: the prompt is
+  run through the model once and its KV cache fanned out to the group's rows.
+- **Finished rows leave at once** and **waiting requests join** the running batch as soon as
+  there are free slots (``max_batch_size`` rows), so no slot idles through the long tail.
+A single worker thread owns the model and the batch (``rlvr.engine.kv``); it decodes one token
+for every row per step. Callers only touch queues under a condition variable.
+
+Abort: ``abort()`` finishes every request submitted before the call, ``abort(rid)`` one
+request; they come back with their tokens so far and reason ``abort`` after at most the decode
+step that was running. ``update_weights`` takes effect between two decode steps: a request in
+flight keeps its KV cache and continues under the new weights, and ``weight_versions`` records
+which version sampled each token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import itertools
+import logging
 import threading
-from typing import Iterable, Mapping
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping
 
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
+from rlvr.engine import kv
 from rlvr.engine.base import GenerateRequest, GenerateResult, SamplingParams
+from rlvr.engine.sampling import filter_logits, sample_next
+
+log = logging.getLogger(__name__)
 
 
-def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Mask logits outside each row's top-k and nucleus (top-p). ``logits``: [B, V];
-    ``top_k``: [B] (<= 0 = off); ``top_p``: [B] in (0, 1]. Returns logits with -inf where cut."""
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    vocab = logits.shape[-1]
-    ranks = torch.arange(vocab, device=logits.device).expand_as(sorted_logits)
-    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab)).unsqueeze(-1)
-    cut = ranks >= k
-    probs = sorted_logits.softmax(dim=-1)
-    # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass strictly
-    # before it already reaches top_p (the first token is always kept).
-    mass_before = probs.cumsum(dim=-1) - probs
-    cut |= mass_before >= top_p.unsqueeze(-1)
-    cut[:, 0] = False
-    sorted_logits = sorted_logits.masked_fill(cut, float("-inf"))
-    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+@dataclass
+class _Call:
+    """One ``generate`` call: its results fill in as rows finish; ``done`` fires once at the end."""
+
+    results: list[GenerateResult | None]
+    done: Callable[[list[GenerateResult] | BaseException], None]
+    left: int = 0
+    cancelled: bool = False
+
+    def finish(self, i: int, result: GenerateResult) -> None:
+        self.results[i] = result
+        self.left -= 1
+        if self.left == 0:
+            self.done(self.results)
+
+
+@dataclass
+class _Row:
+    req: GenerateRequest
+    call: _Call
+    index: int  # position in the call
+    seq: int  # submission order, for abort()
+    generator: torch.Generator | None
+    tokens: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    done: bool = False  # finished; the row stays in the batch until the next compaction
+
+
+@dataclass
+class _Group:
+    """Rows waiting to start that share a prompt (prefilled once)."""
+
+    prompt: list[int]
+    rows: list[_Row]
 
 
 class EmbeddedEngine:
@@ -54,18 +89,30 @@ class EmbeddedEngine:
         seed: int = 0,
         max_batch_size: int = 256,
         device: str = "cpu",
+        tokenizer=None,
     ):
         if isinstance(model, PreTrainedModel):
             self.model = copy.deepcopy(model)
         else:
             self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
         self.model.to(device).eval().requires_grad_(False)
-        self.device = device
-        self.pad_token_id = pad_token_id
-        self.max_batch_size = max_batch_size
+        self.device, self.pad_token_id, self.max_batch_size = device, pad_token_id, max_batch_size
+        self.tokenizer = tokenizer  # needed only for stop strings
         self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.steps = 0  # decode steps run so far (tests measure abort latency with it)
         self._version = 0
-        self._abort = threading.Event()
+        self._cv = threading.Condition()
+        self._step_lock = threading.Lock()  # held for one model step; weight updates wait for it
+        self._pending: deque[_Group] = deque()
+        self._rows: list[_Row] = []  # rows of the running batch, in batch order
+        self._batch: kv.KVBatch | None = None
+        self._seq = itertools.count()
+        self._abort_before = 0  # rows with seq below this are aborted
+        self._abort_rids: set[str] = set()
+        self._asleep: dict[str, torch.Size] | None = None
+        self._needs_weights = False
+        self._closed = False
+        self._worker: threading.Thread | None = None
 
     # ---- protocol -------------------------------------------------------------------------
     @property
@@ -73,8 +120,33 @@ class EmbeddedEngine:
         return self._version
 
     async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
-        self._abort.clear()
-        return await asyncio.to_thread(self.generate_sync, requests)
+        if not requests:
+            return []
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+
+        def done(outcome):
+            loop.call_soon_threadsafe(_resolve, future, outcome)
+
+        call = self._submit(requests, done)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            call.cancelled = True  # the worker aborts its rows at the next step
+            self._wake_worker()
+            raise
+
+    def generate_sync(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+        """``generate`` for callers without an event loop (tests, benchmarks)."""
+        if not requests:
+            return []
+        box: list = []
+        event = threading.Event()
+        self._submit(requests, lambda outcome: (box.append(outcome), event.set()))
+        event.wait()
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
 
     def update_weights(
         self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int
@@ -82,98 +154,282 @@ class EmbeddedEngine:
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
         params = dict(self.model.named_parameters())
         params.update(dict(self.model.named_buffers()))
-        seen = set()
-        with torch.no_grad():
+        with self._step_lock, torch.no_grad():
+            seen = set()
             for name, tensor in items:
                 if name not in params:
                     raise KeyError(f"update_weights: engine model has no parameter {name!r}")
+                if self._needs_weights and params[name].shape != tensor.shape:
+                    params[name].data = torch.empty(tensor.shape, dtype=params[name].dtype, device=self.device)
                 params[name].copy_(tensor)
                 seen.add(name)
-        missing = {n for n, _ in self.model.named_parameters()} - seen
-        if missing:
-            raise KeyError(f"update_weights: no tensor sent for {sorted(missing)[:5]} ...")
-        self._version = version
+            missing = {n for n, _ in self.model.named_parameters()} - seen
+            if missing:
+                raise KeyError(f"update_weights: no tensor sent for {sorted(missing)[:5]} ...")
+            self._version = version
+            self._needs_weights = False
 
-    def abort(self) -> None:
-        self._abort.set()
+    def abort(self, rid: str | None = None) -> None:
+        with self._cv:
+            if rid is None:
+                self._abort_before = next(self._seq)
+            else:
+                self._abort_rids.add(rid)
+            self._cv.notify_all()
 
     def health(self) -> bool:
-        return True
+        worker_ok = self._worker is None or self._worker.is_alive()
+        return worker_ok and not self._closed and self._asleep is None
 
-    # ---- sampling -------------------------------------------------------------------------
-    def generate_sync(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
-        results: list[GenerateResult] = []
-        for start in range(0, len(requests), self.max_batch_size):
-            results.extend(self._generate_batch(requests[start : start + self.max_batch_size]))
-        return results
+    def sleep(self) -> None:
+        """Free the weights (they are the trainer's to keep); ``wake`` + ``update_weights`` restore them."""
+        with self._cv, self._step_lock:
+            if self._pending or self._live():
+                raise RuntimeError("sleep: requests are in flight; abort() or wait for them first")
+            shapes = {}
+            for name, p in self.model.named_parameters():
+                shapes[name] = p.shape
+                p.data = torch.empty(0, dtype=p.dtype, device=self.device)
+            self._asleep, self._batch = shapes, None
+
+    def wake(self) -> None:
+        with self._cv, self._step_lock:
+            if self._asleep is None:
+                return
+            for name, p in self.model.named_parameters():
+                p.data = torch.empty(self._asleep[name], dtype=p.dtype, device=self.device)
+            self._asleep, self._needs_weights = None, True
+            self._cv.notify_all()
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if self._worker is not None:
+            self._worker.join()
+
+    # ---- submission (caller threads) ---------------------------------------------------------
+    def _submit(self, requests: list[GenerateRequest], done) -> _Call:
+        for r in requests:
+            if not r.prompt_ids:
+                raise ValueError(f"generate: request {r.rid!r} has an empty prompt")
+            r.params.check()
+            if r.params.stop and self.tokenizer is None:
+                raise ValueError("generate: stop strings need an engine built with tokenizer=")
+        if self._asleep is not None or self._needs_weights:
+            raise RuntimeError("generate: the engine is asleep or woke without weights; wake() + update_weights()")
+        call = _Call([None] * len(requests), done, left=len(requests))
+        groups: dict[tuple[int, ...], _Group] = {}
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("generate: the engine is closed")
+            for i, r in enumerate(requests):
+                gen = None
+                if r.params.seed is not None:
+                    gen = torch.Generator(device=self.device).manual_seed(r.params.seed)
+                row = _Row(r, call, i, next(self._seq), gen)
+                key = tuple(r.prompt_ids)
+                if key not in groups:
+                    groups[key] = _Group(list(r.prompt_ids), [])
+                    self._pending.append(groups[key])
+                groups[key].rows.append(row)
+            self._ensure_worker()
+            self._cv.notify_all()
+        return call
+
+    def _ensure_worker(self) -> None:
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = threading.Thread(target=self._run, name="rlvr-engine", daemon=True)
+            self._worker.start()
+
+    def _wake_worker(self) -> None:
+        with self._cv:
+            self._cv.notify_all()
+
+    # ---- the worker --------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._closed and not (self._pending or self._live()):
+                    self._cv.wait()
+                if self._closed:
+                    self._fail_all(RuntimeError("engine closed"))
+                    return
+                self._apply_aborts()
+                admitted = self._admit()
+            if not (admitted or self._live()):
+                continue
+            try:
+                with self._step_lock:
+                    self._step(admitted)
+            except Exception as e:  # contained: the calls in flight fail, the engine goes on
+                log.exception("engine step failed; failing the requests in flight")
+                with self._cv:
+                    self._pending.extendleft(reversed(admitted))
+                    self._fail_all(e)
+
+    def _aborted(self, row: _Row) -> bool:
+        return row.seq < self._abort_before or row.req.rid in self._abort_rids or row.call.cancelled
+
+    def _live(self) -> int:
+        return sum(not r.done for r in self._rows)
+
+    def _apply_aborts(self) -> None:
+        """Finish aborted rows (running and waiting) with their tokens so far. Holds ``_cv``."""
+        aborted = [r for r in self._rows if not r.done and self._aborted(r)]
+        for r in aborted:
+            self._finish(r, "abort")
+        if aborted:
+            self._compact()
+        for g in self._pending:
+            for r in [r for r in g.rows if self._aborted(r)]:
+                self._finish(r, "abort")
+            g.rows = [r for r in g.rows if not self._aborted(r)]
+        self._pending = deque(g for g in self._pending if g.rows)
+        self._abort_rids.clear()
+
+    def _admit(self) -> list[_Group]:
+        """Take waiting groups into the free slots (splitting a group that does not fit). Holds ``_cv``.
+
+        Joining copies the running batch's cache, so rows join in waves: when the batch is empty,
+        when an eighth of the slots are free, or when everything waiting fits."""
+        live = self._live()
+        free = self.max_batch_size - live
+        waiting = sum(len(g.rows) for g in self._pending)
+        if not waiting or free <= 0 or (live and free < self.max_batch_size // 8 and waiting > free):
+            return []
+        admitted: list[_Group] = []
+        while self._pending and free > 0:
+            g = self._pending[0]
+            if len(g.rows) <= free:
+                admitted.append(self._pending.popleft())
+            else:
+                admitted.append(_Group(g.prompt, g.rows[:free]))
+                g.rows = g.rows[free:]
+            free -= len(admitted[-1].rows)
+        return admitted
+
+    def _fail_all(self, error: BaseException) -> None:
+        calls = {id(r.call): r.call for r in self._rows}
+        calls |= {id(r.call): r.call for g in self._pending for r in g.rows}
+        self._rows, self._batch, self._pending = [], None, deque()
+        for call in calls.values():
+            if call.left > 0:
+                call.left = 0
+                call.done(error)
+
+    def _finish(self, row: _Row, reason: str) -> None:
+        row.done = True
+        result = GenerateResult(
+            row.req.rid, row.tokens, row.log_probs, reason,
+            row.versions[-1] if row.versions else self._version, weight_versions=row.versions,
+        )
+        row.call.finish(row.index, result)
+
+    def _compact(self, new: tuple[list[_Row], kv.KVBatch] | None = None) -> None:
+        """Drop finished rows from the batch and append ``new`` rows. Holds ``_cv``."""
+        keep = [i for i, r in enumerate(self._rows) if not r.done]
+        if len(keep) < len(self._rows):
+            self._batch = kv.select(self._batch, torch.tensor(keep, dtype=torch.long)) if keep else None
+            self._rows = [self._rows[i] for i in keep]
+        if new is not None and new[0]:
+            self._batch = kv.concat(self._batch, new[1])
+            self._rows = self._rows + new[0]
 
     @torch.no_grad()
-    def _generate_batch(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
-        if not requests:
-            return []
-        dev, n = self.device, len(requests)
-        lens = [len(r.prompt_ids) for r in requests]
-        if min(lens) == 0:
-            raise ValueError("generate: a request has an empty prompt")
-        width = max(lens)
-        ids = torch.full((n, width), self.pad_token_id, dtype=torch.long, device=dev)
-        mask = torch.zeros((n, width), dtype=torch.long, device=dev)
-        for i, r in enumerate(requests):  # left padding: the next token is always at the end
-            ids[i, width - lens[i] :] = torch.tensor(r.prompt_ids, device=dev)
-            mask[i, width - lens[i] :] = 1
-
-        params = [r.params for r in requests]
-        temp = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev)
-        greedy = temp <= 0
-        temp = torch.where(greedy, torch.ones_like(temp), temp).unsqueeze(-1)
-        top_k = torch.tensor([p.top_k for p in params], device=dev)
-        top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev)
-        max_new = torch.tensor([p.max_new_tokens for p in params], device=dev)
-        stops = [set(p.stop_token_ids) for p in params]
-        filtering = bool((top_k > 0).any() or (top_p < 1).any())
-
-        out_tokens: list[list[int]] = [[] for _ in range(n)]
-        out_logps: list[list[float]] = [[] for _ in range(n)]
-        finish: list[str | None] = [None] * n
-        done = torch.zeros(n, dtype=torch.bool, device=dev)
-
-        cache = DynamicCache()
-        position = (mask.cumsum(-1) - 1).clamp(min=0)
-        step_ids, step_pos = ids, position
-        for step in range(int(max_new.max())):
+    def _step(self, admitted: list[_Group]) -> None:
+        """One decode step for the running rows, then prefill + first token for the admitted groups."""
+        if self._rows:
+            b = self._batch
+            mask = torch.cat([b.mask, torch.ones(len(b), 1, dtype=b.mask.dtype)], dim=1)
             logits = self.model(
-                input_ids=step_ids, attention_mask=mask, position_ids=step_pos, cache=cache, use_cache=True
+                input_ids=b.last.unsqueeze(-1), attention_mask=mask, position_ids=b.next_pos.unsqueeze(-1),
+                cache=b.cache, use_cache=True,
             ).logits[:, -1, :].float()
-            scaled = logits / temp
-            logp = scaled.log_softmax(-1)
-            draw_from = filter_logits(scaled, top_k, top_p) if filtering else scaled
-            sampled = torch.multinomial(draw_from.softmax(-1), 1, generator=self.generator).squeeze(-1)
-            token = torch.where(greedy, logits.argmax(-1), sampled)
-            token_logp = logp.gather(-1, token.unsqueeze(-1)).squeeze(-1)
+            self.steps += 1
+            b = kv.KVBatch(b.cache, mask, b.next_pos + 1, b.last)
+            b.last = self._sample_rows(self._rows, logits)
+            self._batch = b
+            self._retire(self._rows)
+        new = None
+        if admitted:
+            rows, batch = self._prefill(admitted)
+            keep = self._retire(rows)
+            new = ([rows[i] for i in keep], kv.select(batch, torch.tensor(keep, dtype=torch.long)) if keep else None)
+        with self._cv:
+            # Dead rows still ride along (wasted compute) until an eighth of the batch is dead:
+            # compacting copies the whole cache, so doing it on every finish costs more.
+            dead = len(self._rows) - self._live()
+            if new is not None or (dead and dead >= max(1, len(self._rows) // 8)):
+                self._compact(new)
 
-            for i in (~done).nonzero().flatten().tolist():
-                t = int(token[i])
-                out_tokens[i].append(t)
-                out_logps[i].append(float(token_logp[i]))
-                if t in stops[i]:
-                    finish[i], done[i] = "stop", True
-                elif len(out_tokens[i]) >= int(max_new[i]):
-                    finish[i], done[i] = "length", True
-            if bool(done.all()):
-                break
-            if self._abort.is_set():
-                for i in (~done).nonzero().flatten().tolist():
-                    finish[i], done[i] = "abort", True
-                break
-            token = token.masked_fill(done, self.pad_token_id)
-            step_ids = token.unsqueeze(-1)
-            mask = torch.cat([mask, (~done).long().unsqueeze(-1)], dim=-1)
-            step_pos = step_pos[:, -1:] + 1
+    def _prefill(self, groups: list[_Group]) -> tuple[list[_Row], kv.KVBatch]:
+        """Run each group's prompt once (left-padded together), fan the cache out to its rows
+        and sample every row's first token."""
+        lens = [len(g.prompt) for g in groups]
+        width = max(lens)
+        ids = torch.full((len(groups), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(groups), width), dtype=torch.long)
+        for i, g in enumerate(groups):
+            ids[i, width - lens[i]:] = torch.tensor(g.prompt)
+            mask[i, width - lens[i]:] = 1
+        position = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        logits = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=position, cache=cache, use_cache=True, logits_to_keep=1
+        ).logits[:, -1, :].float()
+        fan = torch.tensor([i for i, g in enumerate(groups) for _ in g.rows])
+        rows = [r for g in groups for r in g.rows]
+        batch = kv.select(kv.KVBatch(cache, mask, torch.tensor(lens), torch.zeros(len(groups), dtype=torch.long)), fan)
+        batch.last = self._sample_rows(rows, logits[fan])
+        return rows, batch
 
-        return [
-            GenerateResult(r.rid, out_tokens[i], out_logps[i], finish[i] or "length", self._version)
-            for i, r in enumerate(requests)
-        ]
+    def _sample_rows(self, rows: list[_Row], logits: torch.Tensor) -> torch.Tensor:
+        params = [r.req.params for r in rows]
+        tokens, logp = sample_next(
+            logits,
+            torch.tensor([p.temperature for p in params], dtype=torch.float32),
+            torch.tensor([p.top_k for p in params], dtype=torch.long),
+            torch.tensor([p.top_p for p in params], dtype=torch.float32),
+            self.generator,
+            {i: r.generator for i, r in enumerate(rows) if r.generator is not None},
+        )
+        for r, t, lp in zip(rows, tokens.tolist(), logp.tolist(), strict=True):
+            if r.done:
+                continue
+            r.tokens.append(t)
+            r.log_probs.append(lp)
+            r.versions.append(self._version)
+        return tokens
+
+    def _retire(self, rows: list[_Row]) -> list[int]:
+        """Finish rows that hit a stop or their length; return the indices of the others."""
+        keep = []
+        for i, r in enumerate(rows):
+            p = r.req.params
+            if r.done:
+                continue
+            if r.tokens[-1] in p.stop_token_ids or (p.stop and _hits_stop_string(self.tokenizer, r.tokens, p.stop)):
+                self._finish(r, "stop")
+            elif len(r.tokens) >= p.max_new_tokens:
+                self._finish(r, "length")
+            else:
+                keep.append(i)
+        return keep
+
+
+def _hits_stop_string(tokenizer, tokens: list[int], stops: tuple[str, ...]) -> bool:
+    text = tokenizer.decode(tokens, skip_special_tokens=True)
+    return any(s in text for s in stops)
+
+
+def _resolve(future: asyncio.Future, outcome) -> None:
+    if future.done():  # cancelled by the caller
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
 
 
 __all__ = ["EmbeddedEngine", "SamplingParams", "filter_logits"]

@@ -1,0 +1,115 @@
+"""A batch of decoding rows over one Hugging Face cache (pure tensor bookkeeping).
+
+Rows are left-padded: every row's next token goes in the same (last) column, a row's real
+tokens are marked in ``mask`` [B, W], and each row carries its own next position id. This lets
+rows of different lengths decode together, leave (``select``), and join (``concat``: the
+narrower side is padded on the left), which is all continuous batching needs. Leading columns
+that no row uses any more are cut so attention never pays for departed rows.
+
+Each layer keeps its keys/values in a buffer with spare columns (``GrowingLayer``): a decode
+step writes one column in place instead of ``torch.cat``-ing the whole cache, which is what
+``DynamicLayer`` does and what dominated the step time on CPU (measured: 4.1 s of 14.9 s).
+
+Simplification: full-attention layers only (keys/values [B, H, W, D]), which covers
+Qwen2/Llama/Mistral-style models without sliding windows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+SPARE_COLUMNS = 64  # columns reserved ahead; the buffer doubles when they run out
+
+
+class GrowingLayer(DynamicLayer):
+    """A ``DynamicLayer`` whose ``update`` writes into preallocated columns."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, spare: int = SPARE_COLUMNS):
+        super().__init__()
+        self.length = keys.shape[2]
+        self._k = _with_room(keys, self.length + spare)
+        self._v = _with_room(values, self.length + spare)
+        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+        self._views()
+
+    def _views(self) -> None:
+        self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        n = key_states.shape[2]
+        if self.length + n > self._k.shape[2]:
+            room = 2 * (self.length + n)
+            self._k, self._v = _with_room(self.keys, room), _with_room(self.values, room)
+        self._k[:, :, self.length : self.length + n] = key_states
+        self._v[:, :, self.length : self.length + n] = value_states
+        self.length += n
+        self._views()
+        return self.keys, self.values
+
+
+def _with_room(t: torch.Tensor, columns: int) -> torch.Tensor:
+    out = t.new_empty(t.shape[0], t.shape[1], columns, t.shape[3])
+    out[:, :, : t.shape[2]] = t
+    return out
+
+
+def make_cache(data: list[tuple[torch.Tensor, torch.Tensor]], spare: int = SPARE_COLUMNS) -> DynamicCache:
+    cache = DynamicCache()
+    cache.layers = [GrowingLayer(k, v, spare) for k, v in data]
+    cache.layer_class_to_replicate = None
+    return cache
+
+
+@dataclass
+class KVBatch:
+    cache: DynamicCache
+    mask: torch.Tensor  # [B, W] long: 1 where the cache holds a real token of the row
+    next_pos: torch.Tensor  # [B] long: position id of each row's next token
+    last: torch.Tensor  # [B] long: each row's last sampled token (the next decode input)
+
+    def __len__(self) -> int:
+        return len(self.next_pos)
+
+
+def layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def select(batch: KVBatch, keep: torch.Tensor, spare: int = SPARE_COLUMNS) -> KVBatch:
+    """Only the rows at ``keep`` (indices [K]), in that order; repeats allowed (group fan-out).
+    Leading columns no kept row uses are dropped."""
+    mask = batch.mask[keep]
+    used = mask.any(0)
+    start = int(used.float().argmax()) if bool(used.any()) else mask.shape[1]
+    data = [(k[keep, :, start:], v[keep, :, start:]) for k, v in layers(batch.cache)]
+    return KVBatch(make_cache(data, spare), mask[:, start:], batch.next_pos[keep], batch.last[keep])
+
+
+def concat(a: KVBatch | None, b: KVBatch, spare: int = SPARE_COLUMNS) -> KVBatch:
+    """Rows of ``a`` then rows of ``b``; the narrower is left-padded with masked zeros."""
+    if a is None or len(a) == 0:
+        return b
+    wa, wb = a.mask.shape[1], b.mask.shape[1]
+    w = max(wa, wb)
+
+    def pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+        if width == w:
+            return t
+        spec = [0, 0] * (t.dim() - 1 - dim) + [w - width, 0]  # F.pad counts dims from the last
+        return F.pad(t, spec)
+
+    data = [
+        (torch.cat([pad(ka, wa, 2), pad(kb, wb, 2)]), torch.cat([pad(va, wa, 2), pad(vb, wb, 2)]))
+        for (ka, va), (kb, vb) in zip(layers(a.cache), layers(b.cache), strict=True)
+    ]
+    return KVBatch(
+        make_cache(data, spare),
+        torch.cat([pad(a.mask, wa, 1), pad(b.mask, wb, 1)]),
+        torch.cat([a.next_pos, b.next_pos]),
+        torch.cat([a.last, b.last]),
+    )

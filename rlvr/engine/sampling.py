@@ -1,0 +1,63 @@
+"""Next-token sampling for a batch of rows with per-row settings (pure tensor functions).
+
+Contract: the returned log-prob of each token is log softmax(logits / T) over the full
+vocabulary — the same quantity the trainer recomputes (it divides logits by
+``--rollout-temperature`` too), so train-vs-rollout log-prob differences measure real
+train/inference mismatch, not a definition gap. Top-p/top-k restrict *which* tokens can be
+drawn; the returned log-prob is not renormalised over the kept set (slime/SGLang convention).
+Greedy rows (temperature 0) take the argmax and report the log-prob at temperature 1.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Mask logits outside each row's top-k and nucleus (top-p). ``logits``: [B, V];
+    ``top_k``: [B] (<= 0 = off); ``top_p``: [B] in (0, 1]. Returns logits with -inf where cut."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    ranks = torch.arange(vocab, device=logits.device).expand_as(sorted_logits)
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab)).unsqueeze(-1)
+    cut = ranks >= k
+    probs = sorted_logits.softmax(dim=-1)
+    # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass strictly
+    # before it already reaches top_p (the first token is always kept).
+    mass_before = probs.cumsum(dim=-1) - probs
+    cut |= mass_before >= top_p.unsqueeze(-1)
+    cut[:, 0] = False
+    sorted_logits = sorted_logits.masked_fill(cut, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def sample_next(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    generator: torch.Generator,
+    row_generators: dict[int, torch.Generator] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row. ``logits`` [B, V] float32; ``temperature``/``top_p`` [B] float;
+    ``top_k`` [B] long. Rows listed in ``row_generators`` (per-request seeds) draw from their own
+    generator, the rest from ``generator`` in one call. Returns (tokens [B], log-probs [B])."""
+    greedy = temperature <= 0
+    scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(-1)
+    logp = scaled.log_softmax(-1)
+    if bool((top_k > 0).any() or (top_p < 1).any()):
+        probs = filter_logits(scaled, top_k, top_p).softmax(-1)
+    else:
+        probs = logp.exp()
+    tokens = torch.empty(len(logits), dtype=torch.long, device=logits.device)
+    seeded = row_generators or {}
+    shared = [i for i in range(len(logits)) if i not in seeded]
+    if len(shared) == len(logits):
+        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    elif shared:
+        idx = torch.tensor(shared, device=logits.device)
+        tokens[idx] = torch.multinomial(probs[idx], 1, generator=generator).squeeze(-1)
+    for i, g in seeded.items():
+        tokens[i] = torch.multinomial(probs[i], 1, generator=g)[0]
+    tokens = torch.where(greedy, logits.argmax(-1), tokens)
+    return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
