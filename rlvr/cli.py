@@ -1,4 +1,4 @@
-"""``rlvr`` command line: train, sft, plot, demo, and the tiny-asset builders.
+"""``rlvr`` command line: train, sft, eval, serve, plot, demo, and the tiny-asset builders.
 
 Errors a user can fix (a bad flag, file or data line) print one line naming what to change and
 exit with status 2, without a traceback.
@@ -74,6 +74,12 @@ def _demo(argv: list[str]) -> None:
     demo.main(argv)
 
 
+def _serve(argv: list[str]) -> None:
+    from rlvr.engine.server import main as serve
+
+    serve(argv)
+
+
 def _make_tiny_model(argv: list[str]) -> None:
     from rlvr.models.tiny import ARCHITECTURES, build_tiny_model
 
@@ -103,6 +109,7 @@ COMMANDS = {
     "train": (_train, "RL training (GRPO and the other estimators) on a HF checkpoint"),
     "sft": (_sft, "supervised bootstrap: NLL on the label as the response"),
     "eval": (_eval, "evaluate a checkpoint on held-out sets (greedy by default) and print a table"),
+    "serve": (_serve, "serve a checkpoint over SGLang's HTTP protocol (+ OpenAI routes) on 127.0.0.1"),
     "plot": (_plot, "PNG dashboard of run directories"),
     "demo": (_demo, "the arithmetic demo end to end (what `make demo` runs)"),
     "make-tiny-model": (_make_tiny_model, "write a tiny random HF causal LM + tokenizer"),

@@ -84,3 +84,181 @@ def test_update_weights_changes_policy_and_version(setup, tiny_qwen2):
     assert after.log_probs != before.log_probs
     with pytest.raises(KeyError, match="no parameter 'bogus'"):
         eng.update_weights({"bogus": torch.zeros(1)}, version=8)
+
+
+# ---- continuous batching, exactness, abort, weights (issue 5) ---------------------------------
+import threading  # noqa: E402
+import time  # noqa: E402
+
+from rlvr.train.trainer import response_log_probs  # noqa: E402
+from rlvr.types import Sample  # noqa: E402
+
+
+def _arith_prompts(tok, k):
+    return [tok(f"{a}+{a * 7 % 100}=", add_special_tokens=False)["input_ids"] for a in range(10, 10 + k)]
+
+
+def test_trainer_recomputes_engine_log_probs_exactly(setup):
+    """Acceptance: the trainer's log-probs of the sampled tokens match the engine's (float32):
+    mean |diff| <= 1e-5, max <= 1e-3, through joins, departures and shared prefills."""
+    tok, model = setup
+    eng = EmbeddedEngine(model, pad_token_id=tok.pad_token_id, seed=5, max_batch_size=24)
+    temp, rng = 0.8, torch.Generator().manual_seed(0)
+    reqs = [
+        GenerateRequest(p, SamplingParams(temperature=temp, max_new_tokens=int(torch.randint(1, 40, (1,), generator=rng))))
+        for p in _arith_prompts(tok, 8) for _ in range(6)
+    ]
+    results = eng.generate_sync(reqs)
+    samples = [Sample("", r.prompt_ids, response_ids=res.token_ids) for r, res in zip(reqs, results)]
+    width = max(s.response_length for s in samples)
+    with torch.no_grad():
+        ref, _ = response_log_probs(model, samples, temp, width, with_entropy=False)
+    diffs = torch.cat([(torch.tensor(res.log_probs) - ref[i, : len(res.log_probs)]).abs() for i, res in enumerate(results)])
+    assert [len(r.token_ids) for r in results] == [r.params.max_new_tokens for r in reqs]
+    assert len(diffs) > 500
+    assert diffs.mean() <= 1e-5 and diffs.max() <= 1e-3, (diffs.mean(), diffs.max())
+
+
+def test_group_prompt_is_prefilled_once(setup):
+    tok, model = setup
+    eng = EmbeddedEngine(model, pad_token_id=tok.pad_token_id, seed=0)
+    prefill_rows = []
+    eng.model.register_forward_pre_hook(
+        lambda m, args, kw: prefill_rows.append(kw["input_ids"].shape[0]) if kw["input_ids"].shape[1] > 1 else None,
+        with_kwargs=True,
+    )
+    prompts = _arith_prompts(tok, 3)
+    eng.generate_sync([GenerateRequest(p, SamplingParams(max_new_tokens=4)) for p in prompts for _ in range(8)])
+    assert prefill_rows == [3]  # 3 prompts x 8 samples: one prefill of 3 rows
+
+
+def test_concurrent_calls_share_the_batch_and_return_independently(setup):
+    """Continuous batching: a short group's call returns while a long group is still decoding,
+    and a call submitted later joins the running batch."""
+    tok, model = setup
+    eng = EmbeddedEngine(model, pad_token_id=tok.pad_token_id, seed=0)
+    long_p, short_p = _arith_prompts(tok, 2)
+
+    async def main():
+        long_task = asyncio.create_task(eng.generate([GenerateRequest(long_p, SamplingParams(max_new_tokens=300))] * 4))
+        while eng.steps < 5:
+            await asyncio.sleep(0.001)
+        short = await eng.generate([GenerateRequest(short_p, SamplingParams(max_new_tokens=3))] * 4)
+        step_at_short = eng.steps
+        long = await long_task
+        return short, step_at_short, long
+
+    short, step_at_short, long = asyncio.run(main())
+    assert all(len(r.token_ids) == 3 for r in short) and all(len(r.token_ids) == 300 for r in long)
+    assert step_at_short < 150  # returned long before the long group finished
+    eng.close()
+
+
+def test_abort_returns_everything_within_one_decode_step(setup):
+    tok, model = setup
+    eng = EmbeddedEngine(model, pad_token_id=tok.pad_token_id, seed=0, max_batch_size=8)
+    reqs = [GenerateRequest(p, SamplingParams(max_new_tokens=400), rid=f"r{i}")
+            for i, p in enumerate(_arith_prompts(tok, 4) * 4)]  # 16 requests, 8 running, 8 waiting
+    box = {}
+    t = threading.Thread(target=lambda: box.setdefault("res", eng.generate_sync(reqs)))
+    t.start()
+    while eng.steps < 10:
+        time.sleep(0.001)
+    at_abort = eng.steps
+    eng.abort()
+    t.join(timeout=30)
+    res = box["res"]
+    assert eng.steps - at_abort <= 1
+    assert [r.rid for r in res] == [r.rid for r in reqs] and all(r.finish_reason == "abort" for r in res)
+    running = [r for r in res if r.token_ids]
+    assert len(running) == 8 and all(10 <= len(r.token_ids) <= at_abort + 2 for r in running)
+    assert all(len(r.log_probs) == len(r.token_ids) == len(r.weight_versions) for r in res)
+    # the engine goes on serving after an abort
+    again = eng.generate_sync([GenerateRequest(reqs[0].prompt_ids, SamplingParams(max_new_tokens=2))])
+    assert again[0].finish_reason == "length" and len(again[0].token_ids) == 2
+
+
+def test_abort_one_request_by_rid(setup):
+    tok, model = setup
+    eng = EmbeddedEngine(model, pad_token_id=tok.pad_token_id, seed=0)
+    p = _arith_prompts(tok, 1)[0]
+
+    async def main():
+        task = asyncio.create_task(eng.generate(
+            [GenerateRequest(p, SamplingParams(max_new_tokens=60), rid=rid) for rid in ("a", "b")]))
+        while eng.steps < 3:
+            await asyncio.sleep(0.001)
+        eng.abort("b")
+        return await task
+
+    a, b = asyncio.run(main())
+    assert a.finish_reason == "length" and len(a.token_ids) == 60
+    assert b.finish_reason == "abort" and len(b.token_ids) < 60
+
+
+def test_seed_reproduces_a_request_whatever_runs_beside_it(setup):
+    tok, model = setup
+    eng = EmbeddedEngine(model, pad_token_id=tok.pad_token_id, seed=0)
+    p, q = _arith_prompts(tok, 2)
+    seeded = GenerateRequest(p, SamplingParams(max_new_tokens=12, seed=42))
+    alone = eng.generate_sync([seeded])[0]
+    crowded = eng.generate_sync([GenerateRequest(q, SamplingParams(max_new_tokens=20))] * 5 + [seeded])[-1]
+    other_seed = eng.generate_sync([GenerateRequest(p, SamplingParams(max_new_tokens=12, seed=43))])[0]
+    assert alone.token_ids == crowded.token_ids
+    assert other_seed.token_ids != alone.token_ids
+
+
+def test_stop_string_finishes_with_stop(setup):
+    tok, model = setup
+    eng = EmbeddedEngine(model, pad_token_id=tok.pad_token_id, seed=0, tokenizer=tok)
+    p = _arith_prompts(tok, 1)[0]
+    greedy = eng.generate_sync([GenerateRequest(p, SamplingParams(temperature=0, max_new_tokens=8))])[0]
+    text = tok.decode(greedy.token_ids[:3])
+    r = eng.generate_sync([GenerateRequest(p, SamplingParams(temperature=0, max_new_tokens=8, stop=(text[-1],)))])[0]
+    assert r.finish_reason == "stop" and text[-1] in tok.decode(r.token_ids) and len(r.token_ids) <= 3
+    with pytest.raises(ValueError, match="stop strings need"):
+        EmbeddedEngine(model, pad_token_id=tok.pad_token_id).generate_sync(
+            [GenerateRequest(p, SamplingParams(stop=("x",)))])
+
+
+def test_weight_update_mid_generation_is_recorded_per_token(setup, tiny_qwen2):
+    tok, model = setup
+    eng = EmbeddedEngine(model, pad_token_id=tok.pad_token_id, seed=0)
+    p = _arith_prompts(tok, 1)[0]
+    new = {k: v + 0.01 for k, v in model.named_parameters()}
+    box = {}
+    t = threading.Thread(target=lambda: box.setdefault(
+        "r", eng.generate_sync([GenerateRequest(p, SamplingParams(max_new_tokens=300))])[0]))
+    t.start()
+    while eng.steps < 5:
+        time.sleep(0.001)
+    eng.update_weights(new, version=3)
+    t.join(timeout=60)
+    v = box["r"].weight_versions
+    assert len(v) == 300 and v[0] == 0 and v[-1] == 3 and v == sorted(v) and box["r"].weight_version == 3
+
+
+def test_sleep_frees_weights_and_wake_needs_an_update(setup):
+    tok, model = setup
+    eng = EmbeddedEngine(model, pad_token_id=tok.pad_token_id, seed=0)
+    p = _arith_prompts(tok, 1)[0]
+    before = eng.generate_sync([GenerateRequest(p, SamplingParams(temperature=0, max_new_tokens=5))])[0]
+    eng.sleep()
+    assert sum(q.numel() for q in eng.model.parameters()) == 0 and not eng.health()
+    with pytest.raises(RuntimeError, match="asleep"):
+        eng.generate_sync([GenerateRequest(p, SamplingParams())])
+    eng.wake()
+    with pytest.raises(RuntimeError, match="woke without weights"):
+        eng.generate_sync([GenerateRequest(p, SamplingParams())])
+    eng.update_weights(dict(model.named_parameters()), version=1)
+    after = eng.generate_sync([GenerateRequest(p, SamplingParams(temperature=0, max_new_tokens=5))])[0]
+    assert after.token_ids == before.token_ids and eng.health()
+
+
+def test_bad_request_is_refused_with_the_field_named(setup):
+    tok, model = setup
+    eng = EmbeddedEngine(model, pad_token_id=tok.pad_token_id)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        eng.generate_sync([GenerateRequest([1, 2], SamplingParams(max_new_tokens=0))])
+    with pytest.raises(ValueError, match="empty prompt"):
+        eng.generate_sync([GenerateRequest([], SamplingParams())])

@@ -152,15 +152,15 @@ class EmbeddedEngine:
         self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int
     ) -> None:
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
-        params = dict(self.model.named_parameters())
-        params.update(dict(self.model.named_buffers()))
+        # state_dict names include tied aliases (lm_head.weight when tied to the embeddings),
+        # so a checkpoint read from disk applies as is.
+        params = dict(self.model.state_dict(keep_vars=True))
+        params.update(dict(self.model.named_parameters()))
         with self._step_lock, torch.no_grad():
             seen = set()
             for name, tensor in items:
                 if name not in params:
                     raise KeyError(f"update_weights: engine model has no parameter {name!r}")
-                if self._needs_weights and params[name].shape != tensor.shape:
-                    params[name].data = torch.empty(tensor.shape, dtype=params[name].dtype, device=self.device)
                 params[name].copy_(tensor)
                 seen.add(name)
             missing = {n for n, _ in self.model.named_parameters()} - seen

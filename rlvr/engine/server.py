@@ -1,0 +1,352 @@
+"""``rlvr serve``: the embedded engine behind SGLang's HTTP routes and OpenAI-compatible ones.
+
+SGLang routes (payloads as SGLang's, for what rlvr uses):
+- ``POST /generate`` ``{"input_ids": [..] | [[..], ..], "text": str | [str], "sampling_params":
+  {temperature, top_p, top_k, max_new_tokens, stop, stop_token_ids, sampling_seed, ignore_eos, n},
+  "return_logprob": bool, "rid": str | [str]}`` -> ``{"text", "output_ids", "meta_info": {"id",
+  "finish_reason": {"type": "stop"|"length"|"abort", ...}, "prompt_tokens", "completion_tokens",
+  "output_token_logprobs": [[logprob, token_id, null], ...], "weight_version"}}`` (a list for a
+  batch). rlvr adds ``meta_info.output_token_weight_versions`` (one version per token).
+- ``POST /update_weights_from_disk`` ``{"model_path", "weight_version"?}``: loads the directory's
+  ``*.safetensors`` into the running engine between two decode steps.
+- ``POST /abort_request`` ``{"rid"}`` or ``{"abort_all": true}``; ``GET /health`` (200 / 503);
+  ``POST /flush_cache`` (the engine keeps no prefix cache across requests: nothing to flush);
+  ``POST /release_memory_occupation`` / ``/resume_memory_occupation`` (engine sleep / wake).
+OpenAI-compatible: ``POST /v1/completions``, ``POST /v1/chat/completions`` (the tokenizer's chat
+template with a generation prompt), ``GET /v1/models``; no streaming.
+
+As in SGLang, generation stops at the tokenizer's EOS unless ``ignore_eos``; the text of a
+response ends before a matched stop string. A malformed payload gets HTTP 400 naming the field.
+The server binds 127.0.0.1 unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import time
+import uuid
+from pathlib import Path
+
+import torch
+from aiohttp import web
+from safetensors.torch import load_file
+
+from rlvr.engine.base import GenerateRequest, GenerateResult, SamplingParams
+from rlvr.engine.embedded import EmbeddedEngine
+
+log = logging.getLogger(__name__)
+
+
+class BadRequest(ValueError):
+    pass
+
+
+def _field(payload: dict, name: str, kind, default=None):
+    value = payload.get(name, default)
+    if value is None:
+        return default
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise BadRequest(f"field {name!r} must be {getattr(kind, '__name__', kind)}, got {value!r}")
+    return value
+
+
+def _as_tuple(value, name: str, item) -> tuple:
+    if value is None:
+        return ()
+    if isinstance(value, item):
+        return (value,)
+    if not isinstance(value, list) or not all(isinstance(v, item) for v in value):
+        raise BadRequest(f"field {name!r} must be a {item.__name__} or a list of them")
+    return tuple(value)
+
+
+def sampling_params(sp: dict, eos_token_id: int | None, max_tokens_key: str = "max_new_tokens",
+                    seed_key: str = "sampling_seed", default_max: int = 128) -> SamplingParams:
+    """SGLang (or OpenAI, with other key names) sampling parameters -> ``SamplingParams``."""
+    if not isinstance(sp, dict):
+        raise BadRequest("field 'sampling_params' must be an object")
+    stop_ids = _as_tuple(sp.get("stop_token_ids"), "stop_token_ids", int)
+    if eos_token_id is not None and not _field(sp, "ignore_eos", bool, False):
+        stop_ids = tuple(dict.fromkeys(stop_ids + (eos_token_id,)))
+    params = SamplingParams(
+        temperature=_field(sp, "temperature", float, 1.0),
+        top_p=_field(sp, "top_p", float, 1.0),
+        top_k=_field(sp, "top_k", int, -1),
+        max_new_tokens=_field(sp, max_tokens_key, int, default_max),
+        stop_token_ids=stop_ids,
+        stop=_as_tuple(sp.get("stop"), "stop", str),
+        seed=_field(sp, seed_key, int, None),
+    )
+    try:
+        params.check()
+    except ValueError as e:
+        raise BadRequest(str(e)) from None
+    return params
+
+
+def _cut_at_stop(text: str, stops: tuple[str, ...]) -> str:
+    cuts = [text.index(s) for s in stops if s in text]
+    return text[: min(cuts)] if cuts else text
+
+
+class Server:
+    """Route handlers over one engine and its tokenizer."""
+
+    def __init__(self, engine: EmbeddedEngine, tokenizer, model_name: str):
+        self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_errors])
+        app.add_routes([
+            web.post("/generate", self.generate),
+            web.post("/update_weights_from_disk", self.update_weights_from_disk),
+            web.post("/abort_request", self.abort_request),
+            web.get("/health", self.health),
+            web.get("/health_generate", self.health),
+            web.post("/flush_cache", self.flush_cache),
+            web.get("/flush_cache", self.flush_cache),
+            web.post("/release_memory_occupation", self.release_memory),
+            web.post("/resume_memory_occupation", self.resume_memory),
+            web.get("/get_model_info", self.model_info),
+            web.get("/v1/models", self.models),
+            web.post("/v1/completions", self.completions),
+            web.post("/v1/chat/completions", self.chat_completions),
+        ])
+        return app
+
+    def _text(self, result: GenerateResult, params: SamplingParams) -> str:
+        return _cut_at_stop(self.tokenizer.decode(result.token_ids, skip_special_tokens=True), params.stop)
+
+    # ---- SGLang ---------------------------------------------------------------------------
+    async def generate(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        if "input_ids" in body:
+            ids = body["input_ids"]
+            batch = bool(ids) and isinstance(ids[0], list)
+            prompts = ids if batch else [ids]
+            if not all(isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in prompts):
+                raise BadRequest("field 'input_ids' must be a non-empty list of token ids (or a list of them)")
+        elif "text" in body:
+            texts = body["text"]
+            batch = isinstance(texts, list)
+            prompts = [self._encode(t, "text") for t in (texts if batch else [texts])]
+        else:
+            raise BadRequest("give 'input_ids' or 'text'")
+        sps = body.get("sampling_params") or {}
+        sps = sps if isinstance(sps, list) else [sps] * len(prompts)
+        if len(sps) != len(prompts):
+            raise BadRequest(f"'sampling_params' has {len(sps)} entries for {len(prompts)} prompts")
+        eos = self.tokenizer.eos_token_id
+        params = [sampling_params(sp, eos) for sp in sps]
+        n = _field(sps[0], "n", int, 1) if sps else 1
+        rids = body.get("rid")
+        rids = rids if isinstance(rids, list) else [rids] * len(prompts)
+        reqs = [
+            GenerateRequest(p, sp, rid=(f"{rid}" if n == 1 else f"{rid}-{k}") if rid else uuid.uuid4().hex)
+            for p, sp, rid in zip(prompts, params, rids, strict=True) for k in range(n)
+        ]
+        results = await self.engine.generate(reqs)
+        want_logprob = bool(body.get("return_logprob", False))
+        out = [self._sglang_output(req, res, want_logprob) for req, res in zip(reqs, results, strict=True)]
+        return web.json_response(out if batch or n > 1 else out[0])
+
+    def _sglang_output(self, req: GenerateRequest, res: GenerateResult, want_logprob: bool) -> dict:
+        finish: dict = {"type": res.finish_reason}
+        if res.finish_reason == "length":
+            finish["length"] = len(res.token_ids)
+        elif res.finish_reason == "stop" and res.token_ids and res.token_ids[-1] in req.params.stop_token_ids:
+            finish["matched"] = res.token_ids[-1]
+        elif res.finish_reason == "abort":
+            finish["message"] = "aborted"
+        meta = {
+            "id": res.rid,
+            "finish_reason": finish,
+            "prompt_tokens": len(req.prompt_ids),
+            "completion_tokens": len(res.token_ids),
+            "weight_version": str(res.weight_version),
+            "output_token_weight_versions": res.weight_versions,
+        }
+        if want_logprob:
+            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(res.log_probs, res.token_ids)]
+        return {"text": self._text(res, req.params), "output_ids": res.token_ids, "meta_info": meta}
+
+    async def update_weights_from_disk(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        path = _field(body, "model_path", str)
+        if not path or not sorted(Path(path).glob("*.safetensors")):
+            return web.json_response(
+                {"success": False, "message": f"model_path {path!r} has no *.safetensors files"}, status=400)
+        version = body.get("weight_version")
+        version = int(version) if version is not None else self.engine.weight_version + 1
+
+        def load() -> None:
+            tensors: dict[str, torch.Tensor] = {}
+            for f in sorted(Path(path).glob("*.safetensors")):
+                tensors.update(load_file(f))
+            self.engine.update_weights(tensors, version)
+
+        try:
+            await asyncio.to_thread(load)
+        except (KeyError, RuntimeError, OSError) as e:
+            return web.json_response({"success": False, "message": f"update_weights_from_disk: {e}"}, status=400)
+        return web.json_response({"success": True, "message": f"loaded {path}", "weight_version": str(version)})
+
+    async def abort_request(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        if body.get("abort_all"):
+            self.engine.abort()
+        elif body.get("rid"):
+            self.engine.abort(str(body["rid"]))
+        else:
+            raise BadRequest("give 'rid' or 'abort_all': true")
+        return web.json_response({})
+
+    async def health(self, request: web.Request) -> web.Response:
+        ok = self.engine.health()
+        return web.Response(status=200 if ok else 503, text="ok" if ok else "unhealthy")
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        return web.Response(text="the engine keeps no prefix cache across requests; nothing to flush")
+
+    async def release_memory(self, request: web.Request) -> web.Response:
+        await asyncio.to_thread(self.engine.sleep)
+        return web.json_response({"success": True})
+
+    async def resume_memory(self, request: web.Request) -> web.Response:
+        await asyncio.to_thread(self.engine.wake)
+        return web.json_response({"success": True, "message": "push weights with /update_weights_from_disk"})
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        return web.json_response({"model_path": self.model_name, "is_generation": True,
+                                  "weight_version": str(self.engine.weight_version)})
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": self.model_name, "object": "model",
+                                                              "owned_by": "rlvr"}]})
+
+    # ---- OpenAI ---------------------------------------------------------------------------
+    def _encode(self, text, name: str) -> list[int]:
+        if not isinstance(text, str) or not text:
+            raise BadRequest(f"field {name!r} must be a non-empty string")
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _openai_params(self, body: dict) -> tuple[SamplingParams, int]:
+        if body.get("stream"):
+            raise BadRequest("field 'stream': streaming is not supported")
+        key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+        params = sampling_params(body, self.tokenizer.eos_token_id, max_tokens_key=key, seed_key="seed", default_max=16)
+        return params, _field(body, "n", int, 1)
+
+    async def _complete(self, prompts: list[list[int]], params: SamplingParams, n: int) -> list[GenerateResult]:
+        reqs = [GenerateRequest(p, params, rid=uuid.uuid4().hex) for p in prompts for _ in range(n)]
+        return await self.engine.generate(reqs)
+
+    @staticmethod
+    def _usage(prompts: list[list[int]], n: int, results: list[GenerateResult]) -> dict:
+        prompt = sum(len(p) for p in prompts) * n
+        completion = sum(len(r.token_ids) for r in results)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    async def completions(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        raw = body.get("prompt")
+        if isinstance(raw, str):
+            prompts = [self._encode(raw, "prompt")]
+        elif isinstance(raw, list) and raw and all(isinstance(t, int) for t in raw):
+            prompts = [raw]
+        elif isinstance(raw, list) and raw and all(isinstance(x, (str, list)) for x in raw):
+            prompts = [self._encode(x, "prompt") if isinstance(x, str) else x for x in raw]
+        else:
+            raise BadRequest("field 'prompt' must be a string, a list of strings or token ids")
+        params, n = self._openai_params(body)
+        results = await self._complete(prompts, params, n)
+        choices = []
+        for i, r in enumerate(results):
+            logprobs = None
+            if body.get("logprobs") is not None:
+                logprobs = {"tokens": [self.tokenizer.decode([t]) for t in r.token_ids], "token_logprobs": r.log_probs}
+            choices.append({"index": i, "text": self._text(r, params), "finish_reason": r.finish_reason,
+                            "logprobs": logprobs})
+        return web.json_response({
+            "id": "cmpl-" + uuid.uuid4().hex, "object": "text_completion", "created": int(time.time()),
+            "model": self.model_name, "choices": choices, "usage": self._usage(prompts, n, results),
+        })
+
+    async def chat_completions(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        messages = body.get("messages")
+        if not (isinstance(messages, list) and messages
+                and all(isinstance(m, dict) and "role" in m and "content" in m for m in messages)):
+            raise BadRequest("field 'messages' must be a non-empty list of {role, content} objects")
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise BadRequest("this model's tokenizer has no chat template; use /v1/completions")
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        prompts = [self._encode(text, "messages")]
+        params, n = self._openai_params(body)
+        results = await self._complete(prompts, params, n)
+        choices = []
+        for i, r in enumerate(results):
+            choice = {"index": i, "message": {"role": "assistant", "content": self._text(r, params)},
+                      "finish_reason": r.finish_reason}
+            if body.get("logprobs"):
+                choice["logprobs"] = {"content": [{"token": self.tokenizer.decode([t]), "logprob": lp}
+                                                  for t, lp in zip(r.token_ids, r.log_probs)]}
+            choices.append(choice)
+        return web.json_response({
+            "id": "chatcmpl-" + uuid.uuid4().hex, "object": "chat.completion", "created": int(time.time()),
+            "model": self.model_name, "choices": choices, "usage": self._usage(prompts, n, results),
+        })
+
+
+async def _json(request: web.Request) -> dict:
+    try:
+        body = await request.json()
+    except ValueError:
+        raise BadRequest("the body must be a JSON object") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    return body
+
+
+@web.middleware
+async def _errors(request: web.Request, handler):
+    """A bad payload is the client's to fix: 400 with the message; anything else is logged and 500."""
+    try:
+        return await handler(request)
+    except BadRequest as e:
+        return web.json_response({"error": {"message": str(e), "type": "invalid_request_error"}}, status=400)
+    except ValueError as e:  # the engine refused a request (e.g. stop strings without a tokenizer)
+        return web.json_response({"error": {"message": str(e), "type": "invalid_request_error"}}, status=400)
+    except web.HTTPException:
+        raise
+    except Exception as e:
+        log.exception("%s %s failed", request.method, request.path)
+        return web.json_response({"error": {"message": repr(e), "type": "server_error"}}, status=500)
+
+
+def main(argv: list[str]) -> None:
+    from rlvr.errors import ConfigError
+    from rlvr.loop import load_tokenizer
+
+    p = argparse.ArgumentParser(prog="rlvr serve", description="serve a HF checkpoint over SGLang's HTTP protocol")
+    p.add_argument("--hf-checkpoint", required=True, help="Hugging Face checkpoint directory")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 exposes it to the network")
+    p.add_argument("--port", type=int, default=30000, help="port to listen on")
+    p.add_argument("--max-running-requests", type=int, default=256, help="rows decoded together (batch slots)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling stream")
+    p.add_argument("--served-model-name", default=None, help="model name in OpenAI responses; default the path")
+    a = p.parse_args(argv)
+    if not (Path(a.hf_checkpoint) / "config.json").is_file():
+        raise ConfigError("--hf-checkpoint", f"{a.hf_checkpoint} has no config.json; point it at a HF model directory")
+    if a.max_running_requests < 1:
+        raise ConfigError("--max-running-requests", f"must be >= 1, got {a.max_running_requests}")
+    tokenizer = load_tokenizer(a.hf_checkpoint)
+    engine = EmbeddedEngine(a.hf_checkpoint, pad_token_id=tokenizer.pad_token_id, seed=a.seed,
+                            max_batch_size=a.max_running_requests, tokenizer=tokenizer)
+    server = Server(engine, tokenizer, a.served_model_name or a.hf_checkpoint)
+    print(f"rlvr serve: {a.hf_checkpoint} on http://{a.host}:{a.port}", flush=True)
+    web.run_app(server.app(), host=a.host, port=a.port, print=None)

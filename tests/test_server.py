@@ -1,0 +1,234 @@
+"""``rlvr serve`` over real HTTP (a subprocess on 127.0.0.1) and the ``HttpEngine`` client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rlvr.engine.base import GenerateRequest, SamplingParams
+from rlvr.engine.client import HttpEngine
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(ckpt, port: int) -> subprocess.Popen:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlvr.cli", "serve", "--hf-checkpoint", str(ckpt), "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"rlvr serve exited: {proc.stdout.read().decode()[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("rlvr serve did not come up")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def post(port: int, route: str, payload: dict, timeout: float = 120) -> tuple[int, dict]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{route}", data=json.dumps(payload).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            text = r.read().decode()
+            return r.status, json.loads(text) if text[:1] in "{[" else {"text": text}
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read().decode())
+
+
+@pytest.fixture(scope="module")
+def server(tiny_qwen2):
+    port = _free_port()
+    proc = _start(tiny_qwen2, port)
+    yield port
+    _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def local(tiny_qwen2):
+    return AutoTokenizer.from_pretrained(tiny_qwen2), AutoModelForCausalLM.from_pretrained(tiny_qwen2).eval()
+
+
+def _forward_log_probs(model, prompt: list[int], tokens: list[int], temperature: float) -> torch.Tensor:
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float() / temperature
+    return logits[len(prompt) - 1 : -1].log_softmax(-1).gather(-1, ids[0, len(prompt):, None]).squeeze(-1)
+
+
+def test_generate_returns_tokens_with_exact_log_probs(server, local):
+    tok, model = local
+    prompt = tok("12+34=", add_special_tokens=False)["input_ids"]
+    code, out = post(server, "/generate", {
+        "input_ids": prompt, "return_logprob": True, "rid": "abc",
+        "sampling_params": {"temperature": 0.7, "max_new_tokens": 12, "ignore_eos": True, "sampling_seed": 3},
+    })
+    assert code == 200
+    meta = out["meta_info"]
+    assert meta["id"] == "abc" and meta["finish_reason"] == {"type": "length", "length": 12}
+    assert meta["completion_tokens"] == 12 and meta["prompt_tokens"] == len(prompt)
+    tokens = [t for _, t, _ in meta["output_token_logprobs"]]
+    assert tokens == out["output_ids"] and out["text"] == tok.decode(tokens, skip_special_tokens=True)
+    ref = _forward_log_probs(model, prompt, tokens, 0.7)
+    torch.testing.assert_close(torch.tensor([lp for lp, _, _ in meta["output_token_logprobs"]]), ref,
+                               atol=1e-4, rtol=0)
+    # a batch of prompts gives a list, in order; the same seed gives the same tokens
+    code, outs = post(server, "/generate", {
+        "input_ids": [prompt, prompt[:3]], "sampling_params": {"max_new_tokens": 12, "ignore_eos": True,
+                                                               "temperature": 0.7, "sampling_seed": 3}})
+    assert code == 200 and len(outs) == 2 and outs[0]["output_ids"] == tokens
+
+
+def test_bad_payload_is_a_400_naming_the_field(server):
+    code, out = post(server, "/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 0}})
+    assert code == 400 and "max_new_tokens" in out["error"]["message"]
+    code, out = post(server, "/generate", {"sampling_params": {}})
+    assert code == 400 and "input_ids" in out["error"]["message"]
+    code, out = post(server, "/v1/chat/completions", {"messages": "hi"})
+    assert code == 400 and "messages" in out["error"]["message"]
+
+
+def test_health_and_flush_cache(server):
+    with urllib.request.urlopen(f"http://127.0.0.1:{server}/health", timeout=5) as r:
+        assert r.status == 200
+    code, _ = post(server, "/flush_cache", {})
+    assert code == 200
+
+
+def test_update_weights_from_disk_changes_the_next_samples(server, local, tiny_qwen2, tmp_path):
+    tok, model = local
+    prompt = tok("7-3=", add_special_tokens=False)["input_ids"]
+    greedy = {"input_ids": prompt, "return_logprob": True,
+              "sampling_params": {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}}
+    _, before = post(server, "/generate", greedy)
+    other = AutoModelForCausalLM.from_pretrained(tiny_qwen2)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(torch.randn_like(p) * 0.5)
+    other.save_pretrained(tmp_path / "new")
+    code, out = post(server, "/update_weights_from_disk", {"model_path": str(tmp_path / "new"), "weight_version": 5})
+    assert code == 200 and out["success"] and out["weight_version"] == "5"
+    _, after = post(server, "/generate", greedy)
+    expected = other.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=8, eos_token_id=None,
+                              pad_token_id=tok.pad_token_id)[0, len(prompt):].tolist()
+    assert after["output_ids"] == expected != before["output_ids"]
+    assert after["meta_info"]["weight_version"] == "5"
+    code, out = post(server, "/update_weights_from_disk", {"model_path": str(tmp_path / "missing")})
+    assert code == 400 and not out["success"] and "safetensors" in out["message"]
+    code, out = post(server, "/update_weights_from_disk", {"model_path": str(tiny_qwen2), "weight_version": 0})
+    assert code == 200  # back to the original weights for the other tests
+    _, restored = post(server, "/generate", greedy)
+    assert restored["output_ids"] == before["output_ids"]
+
+
+def test_abort_request_returns_the_tokens_so_far(server, local):
+    tok, _ = local
+    prompt = tok("1+1=", add_special_tokens=False)["input_ids"]
+    box = {}
+    payload = {"input_ids": [prompt] * 4, "return_logprob": True,
+               "sampling_params": {"max_new_tokens": 450, "ignore_eos": True}}
+    t = threading.Thread(target=lambda: box.setdefault("r", post(server, "/generate", payload)))
+    t.start()
+    time.sleep(1.0)
+    code, _ = post(server, "/abort_request", {"abort_all": True})
+    t.join(60)
+    assert code == 200 and box["r"][0] == 200
+    outs = box["r"][1]
+    assert all(o["meta_info"]["finish_reason"]["type"] == "abort" for o in outs)
+    assert all(0 < len(o["output_ids"]) < 450 for o in outs)
+    assert all(len(o["meta_info"]["output_token_logprobs"]) == len(o["output_ids"]) for o in outs)
+
+
+def test_openai_chat_completion_applies_the_chat_template(server, local):
+    tok, _ = local
+    messages = [{"role": "user", "content": "What is 2+3?"}]
+    code, chat = post(server, "/v1/chat/completions", {"model": "m", "messages": messages, "max_tokens": 10,
+                                                       "temperature": 0.9, "seed": 11, "n": 2})
+    assert code == 200 and chat["object"] == "chat.completion" and len(chat["choices"]) == 2
+    templated = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert templated.startswith("<|im_start|>user\n")
+    assert chat["usage"]["prompt_tokens"] == 2 * len(tok(templated, add_special_tokens=False)["input_ids"])
+    # the same prompt through /v1/completions with the same seed gives the same text
+    code, comp = post(server, "/v1/completions", {"model": "m", "prompt": templated, "max_tokens": 10,
+                                                  "temperature": 0.9, "seed": 11, "logprobs": 1})
+    assert code == 200 and comp["object"] == "text_completion"
+    choice = chat["choices"][0]
+    assert choice["message"]["role"] == "assistant" and choice["message"]["content"] == comp["choices"][0]["text"]
+    assert choice["finish_reason"] in ("stop", "length")
+    assert len(comp["choices"][0]["logprobs"]["token_logprobs"]) == comp["usage"]["completion_tokens"]
+
+
+def test_client_survives_a_server_killed_mid_rollout(server, local, tiny_qwen2):
+    """Two servers at once, one SIGKILLed mid-rollout: every request is answered exactly once."""
+    tok, model = local
+    port_b = _free_port()
+    proc_b = _start(tiny_qwen2, port_b)
+    try:
+        engine = HttpEngine([f"127.0.0.1:{server}", f"127.0.0.1:{port_b}"], timeout=120, retries=2, cooldown=60)
+        prompts = [tok(f"{a}+{a}=", add_special_tokens=False)["input_ids"] for a in range(16)]
+        reqs = [GenerateRequest(p, SamplingParams(temperature=1.0, max_new_tokens=120), rid=f"r{i}")
+                for i, p in enumerate(prompts * 2)]
+        box = {}
+        t = threading.Thread(target=lambda: box.setdefault("res", asyncio.run(engine.generate(reqs))))
+        t.start()
+        deadline = time.monotonic() + 30
+        while min(engine.outstanding.values()) < 8 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert min(engine.outstanding.values()) >= 8  # both servers busy
+        time.sleep(0.3)
+        proc_b.kill()
+        t.join(180)
+        res = box["res"]
+        assert [r.rid for r in res] == [r.rid for r in reqs]  # exactly one answer per request, in order
+        assert all(r.finish_reason == "length" and len(r.token_ids) == 120 == len(r.log_probs) for r in res)
+        assert engine.failures >= 8  # the killed server's requests were retried ...
+        assert engine.served[f"http://127.0.0.1:{server}"] >= 24  # ... on the survivor
+        assert engine.healthy() == [f"http://127.0.0.1:{server}"] and engine.health()
+        r = res[0]  # and the answers are real samples: log-probs of the tokens under the model
+        ref = _forward_log_probs(model, reqs[0].prompt_ids, r.token_ids, 1.0)
+        torch.testing.assert_close(torch.tensor(r.log_probs), ref, atol=1e-4, rtol=0)
+    finally:
+        _stop(proc_b)
+
+
+def test_client_returns_an_error_result_when_no_server_answers():
+    engine = HttpEngine([f"127.0.0.1:{_free_port()}"], timeout=5, retries=1)
+    res = asyncio.run(engine.generate([GenerateRequest([1, 2, 3], SamplingParams(max_new_tokens=2), rid="x")]))
+    assert len(res) == 1 and res[0].rid == "x" and res[0].finish_reason == "error" and "error" in res[0].meta
+    assert not engine.health()
