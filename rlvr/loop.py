@@ -148,11 +148,16 @@ def run(cfg: Config, console: bool = True) -> Path:
 
 
 def write_samples(path: Path, batch: RolloutBatch, k: int = 4) -> None:
-    """Append the first ``k`` samples of the rollout (prompt, response, reward) for reading."""
+    """Append the first ``k`` samples of the rollout, and every sample whose grading failed
+    (with its ``reward_error``), for reading."""
     with open(path, "a") as f:
-        for s in batch.samples[:k]:
-            row = {"rollout_id": batch.rollout_id, "prompt": s.prompt, "response": s.response,
+        for i, s in enumerate(batch.samples):
+            if i >= k and "reward_error" not in s.metadata:
+                continue
+            row = {"rollout_id": batch.rollout_id, "index": s.index, "prompt": s.prompt, "response": s.response,
                    "label": s.label, "reward": s.reward, "status": s.status.value}
+            if "reward_error" in s.metadata:
+                row["reward_error"] = s.metadata["reward_error"]
             f.write(json.dumps(row, default=str) + "\n")
 
 
