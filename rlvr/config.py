@@ -27,6 +27,7 @@ from rlvr.algo.config import AlgoConfig
 from rlvr.errors import ConfigError
 from rlvr.fields import flag_of
 from rlvr.fields import option as _f
+from rlvr.rewards.config import RewardConfig
 
 
 @dataclass
@@ -56,7 +57,6 @@ class RolloutConfig:
     rollout_temperature: float = _f(1.0, "sampling temperature (also applied to training log-probs)")
     rollout_top_p: float = _f(1.0, "nucleus sampling mass")
     rollout_top_k: int = _f(-1, "top-k sampling; -1 = off")
-    rm_type: str = _f("math", "reward function, by name (see rlvr.rewards.REWARDS)")
     custom_reward_post_process_path: str | None = _f(
         None, "post-process a rollout's rewards: a registered name (dcpo) or pkg.module:fn(samples, tokenizer)"
     )
@@ -69,7 +69,6 @@ class RolloutConfig:
 
     def validate(self) -> None:
         from rlvr.registry import resolve
-        from rlvr.rewards import REWARDS
         from rlvr.rollout.filters import FILTERS
         from rlvr.rollout.postprocess import POST_PROCESS
 
@@ -80,8 +79,6 @@ class RolloutConfig:
             raise ConfigError("--rollout-temperature", "must be > 0 for RL sampling (greedy has no exploration)")
         if not 0 < self.rollout_top_p <= 1:
             raise ConfigError("--rollout-top-p", f"must be in (0, 1], got {self.rollout_top_p}")
-        if self.rm_type not in REWARDS:
-            raise ConfigError("--rm-type", f"unknown reward {self.rm_type!r}; valid: {', '.join(REWARDS.names())}")
         for flag, registry, value in (
             ("--dynamic-sampling-filter-path", FILTERS, self.dynamic_sampling_filter_path),
             ("--custom-reward-post-process-path", POST_PROCESS, self.custom_reward_post_process_path),
@@ -193,6 +190,7 @@ class RunConfig:
 GROUPS: dict[str, type] = {
     "data": DataConfig,
     "rollout": RolloutConfig,
+    "reward": RewardConfig,
     "algo": AlgoConfig,
     "train": TrainConfig,
     "eval": EvalConfig,
@@ -204,6 +202,7 @@ GROUPS: dict[str, type] = {
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)

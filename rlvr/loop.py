@@ -23,7 +23,7 @@ from rlvr.config import Config
 from rlvr.data.dataset import DataSource, PromptRecord, read_prompts, render_prompt
 from rlvr.engine.embedded import EmbeddedEngine
 from rlvr.observe import ConsoleProgress, MetricsLogger, plot_runs
-from rlvr.rewards import REWARDS
+from rlvr.rewards.grader import Grader
 from rlvr.rollout.rollout import Rollout
 from rlvr.train.trainer import Trainer
 from rlvr.types import RolloutBatch, Sample
@@ -77,7 +77,7 @@ def build(cfg: Config) -> Components:
         engine,
         tokenizer,
         DataSource(records, shuffle=d.rollout_shuffle, seed=d.rollout_seed),
-        REWARDS[cfg.rollout.rm_type],
+        Grader(cfg.reward),
         apply_chat_template=d.apply_chat_template,
     )
     return Components(tokenizer, rollout, trainer, eval_sets)
@@ -148,11 +148,16 @@ def run(cfg: Config, console: bool = True) -> Path:
 
 
 def write_samples(path: Path, batch: RolloutBatch, k: int = 4) -> None:
-    """Append the first ``k`` samples of the rollout (prompt, response, reward) for reading."""
+    """Append the first ``k`` samples of the rollout, and every sample whose grading failed
+    (with its ``reward_error``), for reading."""
     with open(path, "a") as f:
-        for s in batch.samples[:k]:
-            row = {"rollout_id": batch.rollout_id, "prompt": s.prompt, "response": s.response,
+        for i, s in enumerate(batch.samples):
+            if i >= k and "reward_error" not in s.metadata:
+                continue
+            row = {"rollout_id": batch.rollout_id, "index": s.index, "prompt": s.prompt, "response": s.response,
                    "label": s.label, "reward": s.reward, "status": s.status.value}
+            if "reward_error" in s.metadata:
+                row["reward_error"] = s.metadata["reward_error"]
             f.write(json.dumps(row, default=str) + "\n")
 
 
@@ -202,7 +207,7 @@ def run_eval(cfg: Config) -> dict[str, float]:
     metrics: dict[str, float] = {}
     for name, path in cfg.eval.datasets():
         records = read_dataset(cfg, path)
-        rollout = Rollout(cfg.rollout, engine, tokenizer, DataSource(records), REWARDS[cfg.rollout.rm_type],
+        rollout = Rollout(cfg.rollout, engine, tokenizer, DataSource(records), Grader(cfg.reward),
                           apply_chat_template=d.apply_chat_template)
         metrics |= rollout.evaluate(name, records, cfg.eval)
     return metrics

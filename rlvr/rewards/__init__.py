@@ -1,33 +1,70 @@
 """Rewards: plain callables ``(sample) -> float | dict`` registered by name (``--rm-type``).
 
-Training and evaluation call the same function. ``score`` grades one response without a
-rollout, for docs, tests and notebooks.
+An entry of ``REWARDS`` is a function (sync or ``async``) or, for rewards that need settings
+(``code``, ``remote_rm``, ``judge``), a class built with the ``RewardConfig`` whose instances
+are such callables. Training and evaluation call the same function, through the ``Grader``
+(``rlvr.rewards.grader``), which contains every failure.
+
+``score`` grades one response without a rollout, for docs, tests and notebooks; ``grade`` does
+the same and returns the detailed ``Outcome`` (score, extra fields, failure reason).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Any, Callable
 
 from rlvr.registry import Registry
+from rlvr.rewards.config import RewardConfig
 from rlvr.types import Sample
 
 RewardFn = Callable[[Sample], "float | dict"]
-REWARDS: Registry[RewardFn] = Registry("reward", flag="--rm-type")
+REWARDS: Registry[Any] = Registry("reward", flag="--rm-type")
 
 # Built-ins register themselves on import.
 from rlvr.rewards import confidence as _confidence  # noqa: E402,F401
 from rlvr.rewards import math as _math  # noqa: E402,F401
+from rlvr.rewards import qa as _qa  # noqa: E402,F401
+from rlvr.rewards import remote as _remote  # noqa: E402,F401
+from rlvr.rewards.grader import Grader, Outcome  # noqa: E402
 
 
-def score(rm_type: str, response: str, label: Any, **metadata) -> float:
-    """Grade one response with the registered reward ``rm_type``.
+@functools.lru_cache(maxsize=32)
+def _grader(cfg: RewardConfig) -> Grader:
+    return Grader(cfg)
+
+
+def grade(rm_type: str, response: str, label: Any, config: RewardConfig | None = None, **metadata) -> Outcome:
+    """Grade one response with ``rm_type`` (any ``--rm-type`` value); the detailed outcome.
+
+    ``config`` supplies the reward settings (URLs, sandbox limits); its ``rm_type`` is replaced.
+
+    >>> grade("math", "so it is \\\\boxed{\\\\frac{1}{2}}", "0.5")
+    Outcome(score=1.0, fields={}, error=None)
+    """
+    cfg = dataclasses.replace(config or RewardConfig(), rm_type=rm_type, custom_rm_path=None, group_rm=False)
+    sample = Sample(prompt=metadata.pop("prompt", ""), prompt_ids=[], label=label, metadata=metadata, response=response)
+    _grader(cfg).grade_sync([sample])
+    reward = sample.reward
+    outcome = Outcome(float(reward["score"]) if isinstance(reward, dict) else float(reward),
+                      {k: v for k, v in reward.items() if k != "score"} if isinstance(reward, dict) else {},
+                      sample.metadata.get("reward_error"))
+    return outcome
+
+
+def score(rm_type: str, response: str, label: Any, config: RewardConfig | None = None, **metadata) -> float:
+    """Grade one response with the registered reward ``rm_type``, synchronously.
+
+    A failing reward gives ``--reward-failure-value`` (0.0 by default), as in training; use
+    ``grade`` to see why.
 
     >>> score("math", "The answer is 46", "46")
     1.0
+    >>> score("f1", "the Eiffel tower", "Eiffel Tower")
+    1.0
     """
-    sample = Sample(prompt="", prompt_ids=[], label=label, metadata=metadata, response=response)
-    result = REWARDS[rm_type](sample)
-    return float(result["score"] if isinstance(result, dict) else result)
+    return grade(rm_type, response, label, config, **metadata).score
 
 
-__all__ = ["REWARDS", "RewardFn", "score"]
+__all__ = ["REWARDS", "RewardConfig", "RewardFn", "Grader", "Outcome", "grade", "score"]

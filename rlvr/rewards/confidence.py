@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import re
 
+from rlvr.rewards.grader import inline
 from rlvr.rewards.math import math_reward
 from rlvr.types import Sample
 
 _CONFIDENCE = re.compile(r"confidence\s*[:=]\s*([0-9]*\.?[0-9]+)", re.IGNORECASE)
 
 
+@inline
 def math_confidence_reward(sample: Sample) -> dict:
     """
     >>> from rlvr.types import Sample

@@ -5,8 +5,12 @@ engine for ``--n-samples-per-prompt`` responses each, grades every response with
 function, and returns a ``RolloutBatch`` whose consecutive ``n`` samples form a group.
 ``Rollout.evaluate`` runs the same path on a held-out set with the eval sampling settings.
 
-A reward that raises is contained: the sample gets reward 0.0, its metadata records the error,
-and ``rollout/reward_errors`` counts it; the run goes on.
+Each prompt group is its own ``engine.generate`` call, all groups in flight at once; a group is
+graded (``Grader.grade_group``) the moment its responses are back, so reward time hides behind
+the decoding of the other groups. A reward that fails is contained by the grader: the sample gets
+``--reward-failure-value``, its metadata records the reason, ``rollout/reward_errors`` counts it,
+and the run goes on. Extra numeric fields of dict rewards (and a composite's parts) are logged
+as ``rollout/reward/<field>``.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from rlvr.config import EvalConfig, RolloutConfig
 from rlvr.data.dataset import DataSource, PromptRecord, render_prompt
 from rlvr.engine.base import Engine, GenerateRequest, GenerateResult, SamplingParams
 from rlvr.registry import resolve
-from rlvr.rewards import RewardFn
+from rlvr.rewards.grader import Grader
 from rlvr.rollout.filters import FILTERS
 from rlvr.rollout.postprocess import POST_PROCESS
 from rlvr.types import RolloutBatch, Sample, Status
@@ -40,11 +44,11 @@ class Rollout:
         engine: Engine,
         tokenizer,
         data_source: DataSource,
-        reward_fn: RewardFn,
+        grader: Grader,
         apply_chat_template: bool = False,
     ):
         self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
-        self.data_source, self.reward_fn = data_source, reward_fn
+        self.data_source, self.grader = data_source, grader
         self.apply_chat_template = apply_chat_template
         self.group_filter = (
             resolve(FILTERS, cfg.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path")
@@ -134,27 +138,30 @@ class Rollout:
         self, records: list[PromptRecord], n: int, params: SamplingParams, shape: bool = True
     ) -> list[Sample]:
         """``n`` graded samples per record; ``shape`` applies reward shaping (training only)."""
-        samples: list[Sample] = []
-        for g, record in enumerate(records):
-            text, ids = self._encode(record)
-            for _ in range(n):
-                samples.append(
-                    Sample(
-                        prompt=text,
-                        prompt_ids=list(ids),
-                        label=record.label,
-                        metadata=dict(record.metadata),
-                        group_index=g,
-                        index=len(samples),
-                        prompt_index=record.index,
-                    )
-                )
-        requests = [GenerateRequest(s.prompt_ids, params, rid=str(s.index)) for s in samples]
-        results = asyncio.run(self.engine.generate(requests))
-        for s, r in zip(samples, results, strict=True):
+        groups = [self._new_group(record, g, n) for g, record in enumerate(records)]
+        asyncio.run(self._run_groups(groups, params, shape))
+        return [s for group in groups for s in group]
+
+    def _new_group(self, record: PromptRecord, g: int, n: int) -> list[Sample]:
+        text, ids = self._encode(record)
+        return [
+            Sample(prompt=text, prompt_ids=list(ids), label=record.label, metadata=dict(record.metadata),
+                   group_index=g, index=g * n + j, prompt_index=record.index)
+            for j in range(n)
+        ]
+
+    async def _run_groups(self, groups: list[list[Sample]], params: SamplingParams, shape: bool) -> None:
+        await asyncio.gather(*(self._run_group(group, params, shape) for group in groups))
+
+    async def _run_group(self, group: list[Sample], params: SamplingParams, shape: bool) -> None:
+        """Generate one group, then grade it at once: grading overlaps the other groups' decoding."""
+        requests = [GenerateRequest(s.prompt_ids, params, rid=str(s.index)) for s in group]
+        results = await self.engine.generate(requests)
+        for s, r in zip(group, results, strict=True):
             self._fill(s, r)
-            self._grade(s, shape)
-        return samples
+        await self.grader.grade_group(group)
+        for s in group:
+            self._shape(s, shape)
 
     def _fill(self, s: Sample, r: GenerateResult) -> None:
         s.response_ids = list(r.token_ids)
@@ -164,13 +171,7 @@ class Rollout:
         s.status = _FINISH_STATUS.get(r.finish_reason, Status.FAILED)
         s.response = self.tokenizer.decode(r.token_ids, skip_special_tokens=True)
 
-    def _grade(self, s: Sample, shape: bool) -> None:
-        try:
-            s.reward = self.reward_fn(s)
-        except Exception as e:  # contained: one bad sample must not stop the run
-            log.warning("reward failed for sample %d: %r", s.index, e)
-            s.reward = 0.0
-            s.metadata["reward_error"] = repr(e)
+    def _shape(self, s: Sample, shape: bool) -> None:
         s.metadata["score"] = s.scalar_reward()  # before shaping: what accuracy is measured on
         if shape and self.cfg.overlong_buffer_len:
             penalty = float(overlong_penalty(torch.tensor([s.response_length]), self.cfg.rollout_max_response_len,
@@ -197,6 +198,14 @@ def rollout_metrics(samples: list[Sample], n: int, prefix: str) -> dict[str, flo
         "truncated_ratio": sum(s.status == Status.TRUNCATED for s in samples) / len(samples),
         "reward_errors": float(sum("reward_error" in s.metadata for s in samples)),
     }
+    extras: dict[str, list[float]] = {}
+    for s in samples:
+        if isinstance(s.reward, dict):
+            for k, v in s.reward.items():
+                if k != "score" and isinstance(v, (int, float)):  # bools count as 0/1
+                    extras.setdefault(k, []).append(float(v))
+    for k, values in extras.items():
+        m[f"reward/{k}"] = statistics.fmean(values)
     if n > 1:
         m["zero_std_ratio"] = sum(len(set(g)) == 1 for g in groups) / len(groups)
     return {prefix + k: v for k, v in m.items()}
