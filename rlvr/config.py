@@ -66,6 +66,16 @@ class RolloutConfig:
     dynamic_sampling_max_rounds: int = _f(8, "sampling rounds a rollout may take to fill its batch with kept groups")
     overlong_buffer_len: int | None = _f(None, "DAPO soft overlong penalty: ramp length before the max length")
     overlong_penalty_factor: float = _f(1.0, "DAPO soft overlong penalty: its maximum size")
+    # ---- engine, abort and partial rollout (issue 5) ----
+    over_sampling_batch_size: int | None = _f(
+        None, "prompt groups submitted per sampling round (>= --rollout-batch-size); extra groups are aborted once enough are kept"
+    )
+    partial_rollout: bool = _f(False, "groups aborted at the end of a rollout go to the data source's buffer and continue next rollout")
+    mask_offpolicy_in_partial_rollout: bool = _f(False, "with --partial-rollout: loss mask 0 on tokens an older policy produced")
+    rollout_max_running_requests: int = _f(256, "embedded engine: responses decoded together (batch slots)")
+    rollout_external_engine_addrs: list[str] = _f([], "host:port of SGLang-protocol servers (rlvr serve, SGLang) instead of the embedded engine")
+    rollout_external_engine_timeout: float = _f(600.0, "seconds one request may take on an external engine before it is retried elsewhere")
+    rollout_external_engine_retries: int = _f(2, "retries of a request on another external engine after its server failed")
 
     def validate(self) -> None:
         from rlvr.registry import resolve
@@ -95,6 +105,21 @@ class RolloutConfig:
                 "--overlong-buffer-len",
                 f"must be in [1, --rollout-max-response-len {self.rollout_max_response_len}], got {self.overlong_buffer_len}",
             )
+        if self.over_sampling_batch_size is not None and self.over_sampling_batch_size < self.rollout_batch_size:
+            raise ConfigError("--over-sampling-batch-size",
+                              f"must be >= --rollout-batch-size {self.rollout_batch_size}, got {self.over_sampling_batch_size}")
+        if self.mask_offpolicy_in_partial_rollout and not self.partial_rollout:
+            raise ConfigError("--mask-offpolicy-in-partial-rollout", "only acts with --partial-rollout; add it or drop this flag")
+        if self.rollout_max_running_requests < 1:
+            raise ConfigError("--rollout-max-running-requests", f"must be >= 1, got {self.rollout_max_running_requests}")
+        for addr in self.rollout_external_engine_addrs:
+            host, sep, port = addr.rpartition(":")
+            if not (sep and host and port.isdigit()):
+                raise ConfigError("--rollout-external-engine-addrs", f"{addr!r} is not host:port (e.g. 127.0.0.1:30000)")
+        if self.rollout_external_engine_timeout <= 0:
+            raise ConfigError("--rollout-external-engine-timeout", f"must be > 0, got {self.rollout_external_engine_timeout}")
+        if self.rollout_external_engine_retries < 0:
+            raise ConfigError("--rollout-external-engine-retries", f"must be >= 0, got {self.rollout_external_engine_retries}")
 
 
 @dataclass

@@ -77,12 +77,27 @@ class DataSource:
 
     ``state_dict()`` / ``load_state_dict()`` capture (epoch, offset) so a resumed run sees the
     same order.
+
+    The buffer (slime's ``RolloutDataSourceWithBuffer``, seed 000 §2.3.2) holds groups of
+    partially generated samples that a rollout aborted with ``--partial-rollout``; the next
+    rollout takes them first (``take_partial``) and continues them. The buffer is not part of
+    ``state_dict``: a run resumed from a checkpoint starts with it empty.
     """
 
     def __init__(self, records: list[PromptRecord], shuffle: bool = True, seed: int = 42):
         self.records, self.shuffle, self.seed = records, shuffle, seed
         self.epoch, self.offset = 0, 0
         self._order = self._epoch_order(0)
+        self.buffer: list[list] = []  # groups of Sample, oldest first
+
+    def add_partial(self, groups: list[list]) -> None:
+        """Keep aborted groups (lists of ``Sample``) to be continued by a later rollout."""
+        self.buffer.extend(groups)
+
+    def take_partial(self, n: int) -> list[list]:
+        """Up to ``n`` buffered groups, oldest first."""
+        taken, self.buffer = self.buffer[:n], self.buffer[n:]
+        return taken
 
     def _epoch_order(self, epoch: int) -> list[int]:
         order = list(range(len(self.records)))

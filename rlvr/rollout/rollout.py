@@ -16,6 +16,7 @@ as ``rollout/reward/<field>``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import statistics
 import time
@@ -74,15 +75,9 @@ class Rollout:
             max_new_tokens=cfg.rollout_max_response_len,
             stop_token_ids=self.stop_ids,
         )
-        # Sample groups until enough pass the dynamic-sampling filter (one round without a filter).
-        kept: list[list[Sample]] = []
-        dropped: list[list[Sample]] = []
-        rounds = 0
-        while len(kept) < cfg.rollout_batch_size and rounds < cfg.dynamic_sampling_max_rounds:
-            rounds += 1
-            samples = self._sample(self.data_source.next_prompts(cfg.rollout_batch_size - len(kept)), n, params)
-            for group in (samples[i : i + n] for i in range(0, len(samples), n)):
-                (kept if self.group_filter is None or self.group_filter(group) else dropped).append(group)
+        # Sample groups until enough pass the dynamic-sampling filter (one round without a filter);
+        # groups still in flight then are aborted (and buffered with --partial-rollout).
+        kept, dropped, rounds, partial = asyncio.run(self._collect(params))
         unfilled = cfg.rollout_batch_size - len(kept)
         if unfilled > 0:  # the batch size is part of the contract: top up with dropped groups, loudly
             log.warning("rollout %d: only %d groups passed the filter in %d rounds; %d dropped groups reused",
@@ -97,6 +92,7 @@ class Rollout:
         metrics = rollout_metrics(samples, n, prefix="rollout/")
         metrics["perf/rollout_time"] = elapsed
         metrics["perf/rollout_tokens_per_s"] = sum(s.response_length for s in samples) / max(elapsed, 1e-9)
+        metrics |= partial
         if self.group_filter is not None:
             metrics["rollout/dynamic_filter/dropped_groups"] = float(len(dropped))
             metrics["rollout/dynamic_filter/rounds"] = float(rounds)
@@ -150,15 +146,71 @@ class Rollout:
             for j in range(n)
         ]
 
+    async def _collect(self, params: SamplingParams) -> tuple[list, list, int, dict[str, float]]:
+        """Submit groups (buffered partial groups first, then new prompts) in rounds of
+        ``--over-sampling-batch-size`` whenever in flight + kept < ``--rollout-batch-size``
+        (slime's ``generate_rollout_async``); file each finished group as kept or dropped by the
+        filter; once enough are kept, abort the groups still in flight. Returns (kept, dropped,
+        rounds, metrics)."""
+        cfg, n = self.cfg, self.cfg.n_samples_per_prompt
+        target, per_round = cfg.rollout_batch_size, cfg.over_sampling_batch_size or cfg.rollout_batch_size
+        kept: list[list[Sample]] = []
+        dropped: list[list[Sample]] = []
+        in_flight: dict[asyncio.Task, list[Sample]] = {}
+        rounds, resumed, aborted = 0, 0, 0
+        while len(kept) < target:
+            if len(in_flight) + len(kept) < target and rounds < cfg.dynamic_sampling_max_rounds:
+                rounds += 1
+                groups = self.data_source.take_partial(per_round)
+                resumed += sum(s.status == Status.ABORTED for g in groups for s in g)
+                records = self.data_source.next_prompts(per_round - len(groups))
+                groups += [self._new_group(r, 0, n) for r in records]
+                for group in groups:
+                    in_flight[asyncio.create_task(self._run_group(group, params, True))] = group
+            if not in_flight:
+                break
+            done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                group = in_flight.pop(task)
+                task.result()  # an engine failure of the whole call propagates
+                if len(kept) < target and (self.group_filter is None or self.group_filter(group)):
+                    kept.append(group)
+                else:
+                    dropped.append(group)
+        if in_flight:  # enough groups: stop the rest (seed 000 §2.3.2 "abort 剩余任务")
+            self.engine.abort()
+            await asyncio.gather(*in_flight)
+            leftover = list(in_flight.values())
+            aborted = sum(s.status == Status.ABORTED for g in leftover for s in g)
+            partial = [g for g in leftover if any(s.status == Status.ABORTED for s in g)]
+            if cfg.partial_rollout:
+                self.data_source.add_partial(partial)
+            dropped += [g for g in leftover if g not in partial]
+        metrics = {"rollout/aborted": float(aborted), "rollout/partial_rollout/resumed": float(resumed),
+                   "rollout/partial_rollout/buffered_groups": float(len(self.data_source.buffer))}
+        return kept, dropped, rounds, metrics
+
     async def _run_groups(self, groups: list[list[Sample]], params: SamplingParams, shape: bool) -> None:
         await asyncio.gather(*(self._run_group(group, params, shape) for group in groups))
 
     async def _run_group(self, group: list[Sample], params: SamplingParams, shape: bool) -> None:
-        """Generate one group, then grade it at once: grading overlaps the other groups' decoding."""
-        requests = [GenerateRequest(s.prompt_ids, params, rid=str(s.index)) for s in group]
+        """Generate one group, then grade it at once: grading overlaps the other groups' decoding.
+
+        A group from the partial-rollout buffer continues its aborted samples (prompt + response
+        so far, the remaining length budget); its finished samples are kept as they are. A
+        group with an aborted sample is not graded (it is unfinished)."""
+        todo = [s for s in group if not s.response_ids or s.status == Status.ABORTED]
+        requests = [
+            GenerateRequest(s.prompt_ids + s.response_ids,
+                            dataclasses.replace(params, max_new_tokens=params.max_new_tokens - s.response_length),
+                            rid=str(id(s)))
+            for s in todo
+        ]
         results = await self.engine.generate(requests)
-        for s, r in zip(group, results, strict=True):
-            self._fill(s, r)
+        for s, r in zip(todo, results, strict=True):
+            self._fill(s, r) if not s.response_ids else self._continue(s, r)
+        if any(s.status == Status.ABORTED for s in group):
+            return
         await self.grader.grade_group(group)
         for s in group:
             self._shape(s, shape)
@@ -167,9 +219,26 @@ class Rollout:
         s.response_ids = list(r.token_ids)
         s.rollout_log_probs = list(r.log_probs)
         s.loss_mask = [1] * len(r.token_ids)
-        s.weight_versions = [r.weight_version] * len(r.token_ids)
+        s.weight_versions = list(r.weight_versions) or [r.weight_version] * len(r.token_ids)
         s.status = _FINISH_STATUS.get(r.finish_reason, Status.FAILED)
         s.response = self.tokenizer.decode(r.token_ids, skip_special_tokens=True)
+        if r.finish_reason == "error":
+            s.metadata["engine_error"] = r.meta.get("error", "")
+
+    def _continue(self, s: Sample, r: GenerateResult) -> None:
+        """Append a resumed sample's new tokens. With --mask-offpolicy-in-partial-rollout the
+        tokens an older policy produced get loss mask 0 (seed 000 §4.2): only tokens of the
+        current policy are trained on; their log-probs stay as sampled (q for the corrections)."""
+        old = s.response_length
+        if self.cfg.mask_offpolicy_in_partial_rollout:
+            s.loss_mask = [0] * old
+        s.response_ids += list(r.token_ids)
+        s.rollout_log_probs += list(r.log_probs)
+        s.loss_mask += [1] * len(r.token_ids)
+        s.weight_versions += list(r.weight_versions) or [r.weight_version] * len(r.token_ids)
+        s.status = _FINISH_STATUS.get(r.finish_reason, Status.FAILED)
+        s.response = self.tokenizer.decode(s.response_ids, skip_special_tokens=True)
+        s.metadata["partial_rollout_resumes"] = s.metadata.get("partial_rollout_resumes", 0) + 1
 
     def _shape(self, s: Sample, shape: bool) -> None:
         s.metadata["score"] = s.scalar_reward()  # before shaping: what accuracy is measured on
