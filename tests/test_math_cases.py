@@ -88,6 +88,27 @@ def test_pathological_cases_are_graded_fast():
     assert is_unsafe("9^{9^{9^{9}}}") and is_unsafe("2^{1000000}") and not is_unsafe("2^{10}")
 
 
+_ADVERSARIAL = """
+import time
+from rlvr.rewards import score
+inputs = ["$" * 20000, "\\\\(" * 10000, "\\\\frac{" * 3000, "[" * 5000, "The answer is " * 2000,
+          "9" * 20000, "\\\\boxed{1 " + "a" * 5000 + "!", "Answer: 1 " + "ab " * 3000 + "!",
+          "\\\\boxed{" + "\\\\sqrt{" * 300 + "2" + "}" * 301, "\\\\boxed{x = " + "y = " * 2000 + "1}"]
+for text in inputs:
+    t = time.perf_counter()
+    score("math", text, "1")
+    assert time.perf_counter() - t < 2.0, text[:40]
+print("ok")
+"""
+
+
+def test_adversarial_responses_end_fast():
+    # Regex backtracking or a sympy blow-up would hang here: the child is fenced by a timeout.
+    proc = subprocess.run([sys.executable, "-c", _ADVERSARIAL], capture_output=True, text=True,
+                          timeout=120, preexec_fn=_cap_memory)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]
+
+
 def test_math_reward_works_from_worker_threads():
     # math-verify's signal.alarm timeouts only work in the main thread; elsewhere we turn them
     # off. Same verdicts either way.
