@@ -71,16 +71,28 @@ def build(cfg: Config) -> Components:
         total_steps=cfg.run.num_rollout * cfg.steps_per_rollout,
     )
     # The engine starts from the trainer's weights, so both hold the same policy at version 0.
-    engine = EmbeddedEngine(trainer.model, pad_token_id=tokenizer.pad_token_id, seed=cfg.train.seed)
     rollout = Rollout(
         cfg.rollout,
-        engine,
+        build_engine(cfg, trainer.model, tokenizer),
         tokenizer,
         DataSource(records, shuffle=d.rollout_shuffle, seed=d.rollout_seed),
         Grader(cfg.reward),
         apply_chat_template=d.apply_chat_template,
     )
     return Components(tokenizer, rollout, trainer, eval_sets)
+
+
+def build_engine(cfg: Config, model, tokenizer):
+    """The embedded engine on ``model`` (a module or a checkpoint path), or a client of the
+    ``--rollout-external-engine-addrs`` servers (started on the same checkpoint: version 0)."""
+    r = cfg.rollout
+    if r.rollout_external_engine_addrs:
+        from rlvr.engine.client import HttpEngine
+
+        return HttpEngine(r.rollout_external_engine_addrs, timeout=r.rollout_external_engine_timeout,
+                          retries=r.rollout_external_engine_retries)
+    return EmbeddedEngine(model, pad_token_id=tokenizer.pad_token_id, seed=cfg.train.seed,
+                          max_batch_size=r.rollout_max_running_requests, tokenizer=tokenizer)
 
 
 def prepare_run_dir(output_dir: str) -> Path:
@@ -203,7 +215,7 @@ def run_eval(cfg: Config) -> dict[str, float]:
     """Evaluate ``--hf-checkpoint`` on every ``--eval-prompt-data`` set (no training)."""
     d = cfg.data
     tokenizer = load_tokenizer(cfg.train.hf_checkpoint)
-    engine = EmbeddedEngine(cfg.train.hf_checkpoint, pad_token_id=tokenizer.pad_token_id, seed=cfg.train.seed)
+    engine = build_engine(cfg, cfg.train.hf_checkpoint, tokenizer)
     metrics: dict[str, float] = {}
     for name, path in cfg.eval.datasets():
         records = read_dataset(cfg, path)

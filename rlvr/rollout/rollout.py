@@ -157,16 +157,19 @@ class Rollout:
         kept: list[list[Sample]] = []
         dropped: list[list[Sample]] = []
         in_flight: dict[asyncio.Task, list[Sample]] = {}
-        rounds, resumed, aborted = 0, 0, 0
+        order: dict[int, int] = {}  # id(group) -> submission order
+        rounds, resumed, aborted, submitted = 0, 0, 0, 0
         while len(kept) < target:
             if len(in_flight) + len(kept) < target and rounds < cfg.dynamic_sampling_max_rounds:
                 rounds += 1
                 groups = self.data_source.take_partial(per_round)
                 resumed += sum(s.status == Status.ABORTED for g in groups for s in g)
                 records = self.data_source.next_prompts(per_round - len(groups))
-                groups += [self._new_group(r, 0, n) for r in records]
+                groups += [self._new_group(r, submitted + k, n) for k, r in enumerate(records)]
+                submitted += len(records)
                 for group in groups:
                     in_flight[asyncio.create_task(self._run_group(group, params, True))] = group
+                    order[id(group)] = len(order)
             if not in_flight:
                 break
             done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
@@ -175,6 +178,7 @@ class Rollout:
                 task.result()  # an engine failure of the whole call propagates
                 if len(kept) < target and (self.group_filter is None or self.group_filter(group)):
                     kept.append(group)
+                    kept.sort(key=lambda g: order[id(g)])  # submission order, not finishing order: reproducible
                 else:
                     dropped.append(group)
         if in_flight:  # enough groups: stop the rest (seed 000 §2.3.2 "abort 剩余任务")
@@ -203,7 +207,7 @@ class Rollout:
         requests = [
             GenerateRequest(s.prompt_ids + s.response_ids,
                             dataclasses.replace(params, max_new_tokens=params.max_new_tokens - s.response_length),
-                            rid=str(id(s)))
+                            rid=str(s.index))
             for s in todo
         ]
         results = await self.engine.generate(requests)
