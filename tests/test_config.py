@@ -95,3 +95,17 @@ def test_none_on_the_command_line_unsets_an_optional_yaml_value(base, tmp_path):
     cfg = parse_config(base + ["--config", str(y), "--dynamic-sampling-filter-path", "none",
                                "--eps-clip-high", "null"])
     assert cfg.rollout.dynamic_sampling_filter_path is None and cfg.algo.eps_clip_high is None
+
+
+def test_engine_and_partial_rollout_flags_are_validated(base):
+    cfg = parse_config(base + ["--partial-rollout", "--mask-offpolicy-in-partial-rollout",
+                               "--over-sampling-batch-size", "16",
+                               "--rollout-external-engine-addrs", "127.0.0.1:30000", "localhost:30001"])
+    assert cfg.rollout.partial_rollout and cfg.rollout.over_sampling_batch_size == 16
+    assert cfg.rollout.rollout_external_engine_addrs == ["127.0.0.1:30000", "localhost:30001"]
+    with pytest.raises(ConfigError, match="--mask-offpolicy-in-partial-rollout: only acts with --partial-rollout"):
+        parse_config(base + ["--mask-offpolicy-in-partial-rollout"])
+    with pytest.raises(ConfigError, match=r"--rollout-external-engine-addrs: 'localhost' is not host:port"):
+        parse_config(base + ["--rollout-external-engine-addrs", "localhost"])
+    with pytest.raises(ConfigError, match=r"--over-sampling-batch-size: must be >= --rollout-batch-size"):
+        parse_config(base + ["--over-sampling-batch-size", "1"])

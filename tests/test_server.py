@@ -232,3 +232,28 @@ def test_client_returns_an_error_result_when_no_server_answers():
     res = asyncio.run(engine.generate([GenerateRequest([1, 2, 3], SamplingParams(max_new_tokens=2), rid="x")]))
     assert len(res) == 1 and res[0].rid == "x" and res[0].finish_reason == "error" and "error" in res[0].meta
     assert not engine.health()
+
+
+def test_rlvr_train_samples_on_an_external_server(server, tiny_qwen2, arith_files, tmp_path):
+    """`rlvr train --rollout-external-engine-addrs`: rollouts over HTTP, weights pushed from disk,
+    and the trainer's recomputed log-probs match the server's (on-policy, same weights)."""
+    train, _ = arith_files
+    out = tmp_path / "run"
+    r = subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", "train", "--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(train),
+         "--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6",
+         "--num-rollout", "2", "--lr", "1e-3", "--rollout-external-engine-addrs", f"127.0.0.1:{server}",
+         "--output-dir", str(out)],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    try:
+        assert r.returncode == 0, r.stderr[-3000:]
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        rollouts = [x for x in records if "rollout/step" in x]
+        trains = [x for x in records if "train/step" in x]
+        assert len(rollouts) == 2 and all(x["perf/rollout_tokens_per_s"] > 0 for x in rollouts)
+        assert all(x["train/train_rollout_logprob_abs_diff"] < 1e-4 for x in trains)
+        with urllib.request.urlopen(f"http://127.0.0.1:{server}/get_model_info", timeout=5) as resp:
+            assert json.loads(resp.read())["weight_version"] == "2"  # the trainer's weights after 2 steps
+    finally:
+        post(server, "/update_weights_from_disk", {"model_path": str(tiny_qwen2), "weight_version": 0})
