@@ -262,3 +262,22 @@ def test_bad_request_is_refused_with_the_field_named(setup):
         eng.generate_sync([GenerateRequest([1, 2], SamplingParams(max_new_tokens=0))])
     with pytest.raises(ValueError, match="empty prompt"):
         eng.generate_sync([GenerateRequest([], SamplingParams())])
+
+
+def test_a_failing_model_step_ends_the_requests_in_flight_with_error_and_the_engine_goes_on(setup):
+    tok, model = setup
+    eng = EmbeddedEngine(model, pad_token_id=tok.pad_token_id, seed=0)
+    p = _arith_prompts(tok, 1)[0]
+    boom = {"armed": True}
+
+    def hook(module, args, kwargs):
+        if boom["armed"] and kwargs["input_ids"].shape[1] == 1:  # the first decode step
+            boom["armed"] = False
+            raise RuntimeError("simulated kernel failure")
+
+    eng.model.register_forward_pre_hook(hook, with_kwargs=True)
+    res = eng.generate_sync([GenerateRequest(p, SamplingParams(max_new_tokens=5), rid=str(i)) for i in range(3)])
+    assert [r.finish_reason for r in res] == ["error"] * 3 and "simulated kernel failure" in res[0].meta["error"]
+    assert all(len(r.token_ids) == 1 for r in res)  # the prefill's token came back
+    again = eng.generate_sync([GenerateRequest(p, SamplingParams(max_new_tokens=5))])[0]
+    assert again.finish_reason == "length" and len(again.token_ids) == 5 and eng.health()

@@ -257,3 +257,16 @@ def test_rlvr_train_samples_on_an_external_server(server, tiny_qwen2, arith_file
             assert json.loads(resp.read())["weight_version"] == "2"  # the trainer's weights after 2 steps
     finally:
         post(server, "/update_weights_from_disk", {"model_path": str(tiny_qwen2), "weight_version": 0})
+
+
+def test_client_timeout_aborts_on_the_server_and_reports_an_error(server, local):
+    tok, _ = local
+    engine = HttpEngine([f"127.0.0.1:{server}"], timeout=0.5, retries=0)
+    req = GenerateRequest(tok("9+9=", add_special_tokens=False)["input_ids"], SamplingParams(max_new_tokens=450),
+                          rid="slow")
+    t0 = time.monotonic()
+    res = asyncio.run(engine.generate([req]))[0]
+    assert res.finish_reason == "error" and "TimeoutError" in res.meta["error"] and engine.failures == 1
+    assert time.monotonic() - t0 < 10  # the client gave up on time; the server was told to abort "slow"
+    code, out = post(server, "/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}})
+    assert code == 200 and out["meta_info"]["completion_tokens"] <= 2

@@ -262,11 +262,13 @@ class EmbeddedEngine:
             try:
                 with self._step_lock:
                     self._step(admitted)
-            except Exception as e:  # contained: the calls in flight fail, the engine goes on
-                log.exception("engine step failed; failing the requests in flight")
+            except Exception as e:  # contained: the requests in flight end with "error", the engine goes on
+                log.exception("engine step failed; %d requests in flight end with finish reason 'error'",
+                              self._live() + sum(len(g.rows) for g in admitted))
                 with self._cv:
-                    self._pending.extendleft(reversed(admitted))
-                    self._fail_all(e)
+                    for r in [r for r in self._rows if not r.done] + [r for g in admitted for r in g.rows]:
+                        self._finish(r, "error", {"error": repr(e)})
+                    self._rows, self._batch = [], None
 
     def _aborted(self, row: _Row) -> bool:
         return row.seq < self._abort_before or row.req.rid in self._abort_rids or row.call.cancelled
@@ -318,11 +320,13 @@ class EmbeddedEngine:
                 call.left = 0
                 call.done(error)
 
-    def _finish(self, row: _Row, reason: str) -> None:
+    def _finish(self, row: _Row, reason: str, meta: dict | None = None) -> None:
+        if row.done:
+            return
         row.done = True
         result = GenerateResult(
             row.req.rid, row.tokens, row.log_probs, reason,
-            row.versions[-1] if row.versions else self._version, weight_versions=row.versions,
+            row.versions[-1] if row.versions else self._version, meta or {}, row.versions,
         )
         row.call.finish(row.index, result)
 

@@ -190,7 +190,11 @@ class Rollout:
             if cfg.partial_rollout:
                 self.data_source.add_partial(partial)
             dropped += [g for g in leftover if g not in partial]
-        metrics = {"rollout/aborted": float(aborted), "rollout/partial_rollout/resumed": float(resumed),
+        engine_errors = sum("engine_error" in s.metadata for g in kept for s in g)
+        if engine_errors:
+            log.warning("%d samples of this rollout failed in the engine (status failed)", engine_errors)
+        metrics = {"rollout/aborted": float(aborted), "rollout/engine_errors": float(engine_errors),
+                   "rollout/partial_rollout/resumed": float(resumed),
                    "rollout/partial_rollout/buffered_groups": float(len(self.data_source.buffer))}
         return kept, dropped, rounds, metrics
 
