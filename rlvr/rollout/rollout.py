@@ -176,7 +176,10 @@ class Rollout:
             for task in done:
                 group = in_flight.pop(task)
                 task.result()  # an engine failure of the whole call propagates
-                if len(kept) < target and (self.group_filter is None or self.group_filter(group)):
+                if any(s.status == Status.ABORTED for s in group):  # aborted by someone else
+                    aborted += sum(s.status == Status.ABORTED for s in group)
+                    (self.data_source.add_partial([group]) if cfg.partial_rollout else dropped.append(group))
+                elif len(kept) < target and (self.group_filter is None or self.group_filter(group)):
                     kept.append(group)
                     kept.sort(key=lambda g: order[id(g)])  # submission order, not finishing order: reproducible
                 else:
@@ -185,7 +188,7 @@ class Rollout:
             self.engine.abort()
             await asyncio.gather(*in_flight)
             leftover = list(in_flight.values())
-            aborted = sum(s.status == Status.ABORTED for g in leftover for s in g)
+            aborted += sum(s.status == Status.ABORTED for g in leftover for s in g)
             partial = [g for g in leftover if any(s.status == Status.ABORTED for s in g)]
             if cfg.partial_rollout:
                 self.data_source.add_partial(partial)
@@ -207,6 +210,9 @@ class Rollout:
         A group from the partial-rollout buffer continues its aborted samples (prompt + response
         so far, the remaining length budget); its finished samples are kept as they are. A
         group with an aborted sample is not graded (it is unfinished)."""
+        for s in group:  # aborted exactly at the length limit: nothing left to generate
+            if s.status == Status.ABORTED and s.response_length >= params.max_new_tokens:
+                s.status = Status.TRUNCATED
         todo = [s for s in group if not s.response_ids or s.status == Status.ABORTED]
         requests = [
             GenerateRequest(s.prompt_ids + s.response_ids,
@@ -216,7 +222,7 @@ class Rollout:
         ]
         results = await self.engine.generate(requests)
         for s, r in zip(todo, results, strict=True):
-            self._fill(s, r) if not s.response_ids else self._continue(s, r)
+            self._fill(s, r)
         if any(s.status == Status.ABORTED for s in group):
             return
         await self.grader.grade_group(group)
@@ -224,29 +230,22 @@ class Rollout:
             self._shape(s, shape)
 
     def _fill(self, s: Sample, r: GenerateResult) -> None:
-        s.response_ids = list(r.token_ids)
-        s.rollout_log_probs = list(r.log_probs)
-        s.loss_mask = [1] * len(r.token_ids)
-        s.weight_versions = list(r.weight_versions) or [r.weight_version] * len(r.token_ids)
-        s.status = _FINISH_STATUS.get(r.finish_reason, Status.FAILED)
-        s.response = self.tokenizer.decode(r.token_ids, skip_special_tokens=True)
-        if r.finish_reason == "error":
-            s.metadata["engine_error"] = r.meta.get("error", "")
-
-    def _continue(self, s: Sample, r: GenerateResult) -> None:
-        """Append a resumed sample's new tokens. With --mask-offpolicy-in-partial-rollout the
-        tokens an older policy produced get loss mask 0 (seed 000 §4.2): only tokens of the
-        current policy are trained on; their log-probs stay as sampled (q for the corrections)."""
-        old = s.response_length
-        if self.cfg.mask_offpolicy_in_partial_rollout:
-            s.loss_mask = [0] * old
-        s.response_ids += list(r.token_ids)
-        s.rollout_log_probs += list(r.log_probs)
-        s.loss_mask += [1] * len(r.token_ids)
-        s.weight_versions += list(r.weight_versions) or [r.weight_version] * len(r.token_ids)
+        """Append the engine's tokens to the sample. A resumed partial sample keeps the tokens it
+        already has; with --mask-offpolicy-in-partial-rollout those (an older policy's) get loss
+        mask 0 (seed 000 §4.2), so only the current policy's tokens are trained on. Their
+        log-probs stay as sampled: q for the importance corrections."""
+        if s.response_ids:
+            s.metadata["partial_rollout_resumes"] = s.metadata.get("partial_rollout_resumes", 0) + 1
+            if self.cfg.mask_offpolicy_in_partial_rollout:
+                s.loss_mask = [0] * s.response_length
+        s.response_ids = s.response_ids + list(r.token_ids)
+        s.rollout_log_probs = s.rollout_log_probs + list(r.log_probs)
+        s.loss_mask = s.loss_mask + [1] * len(r.token_ids)
+        s.weight_versions = s.weight_versions + (list(r.weight_versions) or [r.weight_version] * len(r.token_ids))
         s.status = _FINISH_STATUS.get(r.finish_reason, Status.FAILED)
         s.response = self.tokenizer.decode(s.response_ids, skip_special_tokens=True)
-        s.metadata["partial_rollout_resumes"] = s.metadata.get("partial_rollout_resumes", 0) + 1
+        if r.finish_reason == "error":
+            s.metadata["engine_error"] = r.meta.get("error", "")
 
     def _shape(self, s: Sample, shape: bool) -> None:
         s.metadata["score"] = s.scalar_reward()  # before shaping: what accuracy is measured on
