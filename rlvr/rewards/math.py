@@ -371,10 +371,15 @@ def is_equivalent(answer: str, label: str) -> bool:
         return exact
     if is_unsafe(a) or is_unsafe(g):
         return a.replace(" ", "") == g.replace(" ", "")
-    timeout = _timeout()
-    gold, pred = list(_parse(g, timeout)), list(_parse(a, timeout))
+    return _math_verify(a, g, _timeout())
+
+
+@functools.lru_cache(maxsize=8192)
+def _math_verify(answer: str, label: str, timeout: int | None) -> bool:
+    # Cached: the samples of one prompt often reach the same normalised answer.
+    gold, pred = list(_parse(label, timeout)), list(_parse(answer, timeout))
     if not gold or not pred:
-        return a.replace(" ", "") == g.replace(" ", "")
+        return answer.replace(" ", "") == label.replace(" ", "")
     return bool(verify(gold, pred, allow_set_relation_comp=True, timeout_seconds=timeout))
 
 
