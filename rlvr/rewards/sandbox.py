@@ -1,6 +1,7 @@
 """Run one untrusted Python program and contain it: the process sandbox behind ``--rm-type code``.
 
-``await run_program(source, stdin, limits)`` runs ``source`` with ``sys.executable -I -S -B`` and
+``await run_program(source, stdin, limits)`` runs ``source`` with the grader's own interpreter
+(``-I -S -B``: isolated mode, no site-packages, so programs get the standard library only) and
 returns a ``RunResult``. What it guarantees, and how (each layer falls back when the OS refuses it;
 ``RunResult.protections`` lists the layers that were really active for that run):
 
