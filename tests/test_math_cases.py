@@ -132,6 +132,8 @@ def test_math_reward_works_from_worker_threads():
         ("It is $\\frac{5}{36}$.", "\\frac{5}{36}"),  # math span over the number inside it
         ("$x = 3$ so 7 people", "7"),  # a later number beats an earlier math span
         ("x" * 50_000 + " so the total is 12", "12"),  # long responses: only the tail is read
+        ("Check the answer: it must be even. So 4.", "4"),  # prose after a marker is no answer
+        ("The answer is Monday.", "Monday"),
     ],
 )
 def test_extraction_order(response, expected):

@@ -3,15 +3,18 @@
 Guarantees
 - **Extraction order** (first that applies): the last ``\\boxed{...}`` / ``\\fbox{...}`` (an
   unclosed one takes the rest of the text); the text after the last "answer is" / "answer:" /
-  "final answer" marker, cut at the end of its sentence; the last math span (``$...$``,
+  "answer =" marker (so also "The final answer is", "**Final Answer:**"), cut at the end of its
+  sentence, unless that text is prose (3+ words, no digit, no LaTeX); the last math span (``$...$``,
   ``\\(...\\)``, ``\\[...\\]``) or the last number of the final ``FALLBACK_TAIL`` characters,
   whichever comes later. No candidate -> 0.0.
 - **Equivalence** is decided by the math-verify library after a light normalisation that only
   removes presentation: units (``5\\text{ cm}``, ``\\$5``, "5 dollars"), a ``%`` sign, degree
   marks, ``\\text``/``\\textbf`` wrappers, thousands separators, ``1.5e3`` notation, a leading
-  ``x =`` when the label is a bare value. Plain numbers are compared exactly without sympy.
+  ``x =`` when the label is a bare value. Integers and fractions are compared exactly without
+  sympy; a pair involving a decimal that is not exactly equal goes to math-verify, which rounds
+  to 6 decimal places (``0.333`` is not ``1/3``; ``0.333333`` is).
 - **Conventions**: a percentage is compared by its number (``50\\%`` matches ``50``, not ``0.5``);
-  units are dropped, never converted; a decimal must be exact (``0.333`` is not ``1/3``); a label
+  units are dropped, never converted (``2 hours 30 minutes`` is not ``2.5``); a label
   that is a single letter A-J (``B``, ``(B)``, ``\\text{(B)}``) is graded as a multiple-choice
   letter, case-insensitive.
 - **Safety**: answers with huge powers or factorials (``9^{9^{9}}``, ``2^{1000000}``) or longer
@@ -118,6 +121,8 @@ def _answer_after_marker(text: str) -> str | None:
         return rest.lstrip("$").removeprefix("\\(").split("\n")[0].strip().rstrip(".") or None
     end = _SENTENCE_END.search(rest)
     answer = (rest[: end.start()] if end else rest).strip().strip("*").strip()
+    if len(answer.split()) >= 3 and not re.search(r"[\d\\$]", answer):
+        return None  # "the answer: it must be even" is prose, not an answer
     return answer or None
 
 
