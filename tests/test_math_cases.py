@@ -93,7 +93,8 @@ import time
 from rlvr.rewards import score
 inputs = ["$" * 20000, "\\\\(" * 10000, "\\\\frac{" * 3000, "[" * 5000, "The answer is " * 2000,
           "9" * 20000, "\\\\boxed{1 " + "a" * 5000 + "!", "Answer: 1 " + "ab " * 3000 + "!",
-          "\\\\boxed{" + "\\\\sqrt{" * 300 + "2" + "}" * 301, "\\\\boxed{x = " + "y = " * 2000 + "1}"]
+          "\\\\boxed{" + "\\\\sqrt{" * 300 + "2" + "}" * 301, "\\\\boxed{x = " + "y = " * 2000 + "1}",
+          "\\\\boxed{9^9^9}", "The answer is 2^2^2^2^2^2.", "\\\\boxed{10^{10^{10}}!}"]
 for text in inputs:
     t = time.perf_counter()
     score("math", text, "1")

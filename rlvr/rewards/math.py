@@ -17,7 +17,8 @@ Guarantees
   units are dropped, never converted (``2 hours 30 minutes`` is not ``2.5``); a label
   that is a single letter A-J (``B``, ``(B)``, ``\\text{(B)}``) is graded as a multiple-choice
   letter, case-insensitive.
-- **Safety**: answers with huge powers or factorials (``9^{9^{9}}``, ``2^{1000000}``) or longer
+- **Safety**: answers with huge powers, towers of powers or factorials (``9^{9^{9}}``,
+  ``2^{1000000}``, ``10000!``; so also a harmless ``2^{2^{5}}``) or longer
   than ``MAX_ANSWER_CHARS`` are compared as normalised strings, never handed to sympy; only the
   last ``MAX_SCAN_CHARS`` of a response are searched. math-verify enforces its time limits with
   ``signal.alarm``, which works only in the main thread; elsewhere we call it with its timeouts
@@ -284,14 +285,17 @@ def label_choice(label: str) -> str | None:
 
 # --- equivalence --------------------------------------------------------------------------------
 
-_HUGE_POWER = re.compile(r"\^\s*\{?\s*-?\d{4,}|\^\s*\{[^{}]*\^|\*\*\s*\d{4,}|\d{4,}\s*!")
+# A power with a 4+ digit exponent, a tower of powers (9^{9^{9}}, 9^9^9), a 4+ digit factorial.
+_HUGE_POWER = re.compile(r"\^\s*\{?\s*-?\d{4,}|\^\s*\{[^{}]*\^|\^\s*\d+\s*\^|\*\*\s*\d{4,}|\d{4,}\s*!")
 
 
 def is_unsafe(expr: str) -> bool:
     """True when sympy could spend minutes or gigabytes on ``expr`` (huge powers, factorials).
 
-    >>> is_unsafe("9^{9^{9}}"), is_unsafe("2^{1000000}"), is_unsafe("10000!"), is_unsafe("2^{10}")
-    (True, True, True, False)
+    >>> is_unsafe("9^{9^{9}}"), is_unsafe("9^9^9"), is_unsafe("2^{1000000}"), is_unsafe("10000!")
+    (True, True, True, True)
+    >>> is_unsafe("2^{10}"), is_unsafe("10^{-3}"), is_unsafe("x^2 + y^2")
+    (False, False, False)
     """
     return len(expr) > MAX_ANSWER_CHARS or bool(_HUGE_POWER.search(expr))
 
