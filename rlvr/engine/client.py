@@ -47,7 +47,10 @@ def parse_addr(addr: str) -> str:
 def sglang_payload(req: GenerateRequest, rid: str) -> dict:
     p = req.params
     sp = {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "max_new_tokens": p.max_new_tokens,
-          "stop_token_ids": list(p.stop_token_ids), "stop": list(p.stop), "ignore_eos": True}
+          "stop_token_ids": list(p.stop_token_ids), "stop": list(p.stop),
+          # SGLang stops at the model's EOS unless ignore_eos, and ignore_eos also silences
+          # stop_token_ids there: so only a request without stop ids asks to ignore EOS.
+          "ignore_eos": not p.stop_token_ids}
     if p.seed is not None:
         sp["sampling_seed"] = p.seed
     return {"input_ids": req.prompt_ids, "sampling_params": sp, "return_logprob": True, "rid": rid}
