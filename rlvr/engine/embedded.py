@@ -183,7 +183,7 @@ class EmbeddedEngine:
 
     def sleep(self) -> None:
         """Free the weights (they are the trainer's to keep); ``wake`` + ``update_weights`` restore them."""
-        with self._cv, self._step_lock:
+        with self._step_lock, self._cv:  # lock order as in the worker: step, then queue
             if self._pending or self._live():
                 raise RuntimeError("sleep: requests are in flight; abort() or wait for them first")
             shapes = {}
@@ -193,7 +193,7 @@ class EmbeddedEngine:
             self._asleep, self._batch = shapes, None
 
     def wake(self) -> None:
-        with self._cv, self._step_lock:
+        with self._step_lock, self._cv:  # lock order as in the worker: step, then queue
             if self._asleep is None:
                 return
             for name, p in self.model.named_parameters():
