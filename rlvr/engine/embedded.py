@@ -74,7 +74,11 @@ class EmbeddedEngine:
 
     async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         self._abort.clear()
-        return await asyncio.to_thread(self.generate_sync, requests)
+        # Each call draws its own seed here, on the event loop and in call order, then samples
+        # from a generator of its own in a worker thread: concurrent calls sharing one generator
+        # would draw in thread-scheduling order, and a run would not repeat (nor resume) exactly.
+        seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))
+        return await asyncio.to_thread(self.generate_sync, requests, seed)
 
     def update_weights(
         self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int
@@ -100,15 +104,24 @@ class EmbeddedEngine:
     def health(self) -> bool:
         return True
 
+    # ---- checkpoint: the sampling generator, so a resumed run draws the same tokens --------
+    def rng_state(self) -> torch.Tensor:
+        return self.generator.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        self.generator.set_state(state)
+
     # ---- sampling -------------------------------------------------------------------------
-    def generate_sync(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+    def generate_sync(self, requests: list[GenerateRequest], seed: int | None = None) -> list[GenerateResult]:
+        """Sample ``requests``; with ``seed``, from a generator of that seed instead of the engine's."""
+        generator = self.generator if seed is None else torch.Generator(device=self.device).manual_seed(seed)
         results: list[GenerateResult] = []
         for start in range(0, len(requests), self.max_batch_size):
-            results.extend(self._generate_batch(requests[start : start + self.max_batch_size]))
+            results.extend(self._generate_batch(requests[start : start + self.max_batch_size], generator))
         return results
 
     @torch.no_grad()
-    def _generate_batch(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+    def _generate_batch(self, requests: list[GenerateRequest], generator: torch.Generator) -> list[GenerateResult]:
         if not requests:
             return []
         dev, n = self.device, len(requests)
@@ -147,7 +160,7 @@ class EmbeddedEngine:
             scaled = logits / temp
             logp = scaled.log_softmax(-1)
             draw_from = filter_logits(scaled, top_k, top_p) if filtering else scaled
-            sampled = torch.multinomial(draw_from.softmax(-1), 1, generator=self.generator).squeeze(-1)
+            sampled = torch.multinomial(draw_from.softmax(-1), 1, generator=generator).squeeze(-1)
             token = torch.where(greedy, logits.argmax(-1), sampled)
             token_logp = logp.gather(-1, token.unsqueeze(-1)).squeeze(-1)
 
