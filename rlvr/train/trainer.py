@@ -264,6 +264,20 @@ class Trainer:
         tmp.rename(directory)
         return directory
 
+    def load(self, directory: str | Path) -> dict:
+        """Restore what ``save`` wrote (policy weights, optimizer(s), step); returns its ``extra``."""
+        directory = Path(directory)
+        saved = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+        self.model.load_state_dict(saved.state_dict())
+        state = torch.load(directory / "trainer_state.pt", weights_only=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = state["step"]
+        if self.critic is not None:
+            saved_critic = Critic(directory / "critic", head_path=directory / "critic" / "value_head.pt")
+            self.critic.load_state_dict(saved_critic.state_dict())
+            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        return state["extra"]
+
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
     """1 - Var(returns - values) / Var(returns) over the masked tokens (1 = perfect critic)."""
