@@ -1,0 +1,198 @@
+"""The math graders against careful human verdicts, and the dapo / deepscaler styles.
+
+tests/data/math_cases.jsonl holds hand-labelled (response, label, correct) cases; the verdicts were
+written before the grader was run on them. The agreement run happens in a child process with a
+wall-clock timeout and a memory cap, so a grader that hangs or explodes on a pathological case
+fails this test instead of taking the machine down.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import threading
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from rlvr.rewards import REWARDS, score
+from rlvr.rewards import dapo as _dapo  # noqa: F401  (registers "dapo")
+from rlvr.rewards import deepscaler as _deepscaler  # noqa: F401  (registers "deepscaler")
+from rlvr.rewards.math import extract_answer, is_unsafe, math_reward
+from rlvr.types import Sample
+
+CASES_PATH = Path(__file__).parent / "data" / "math_cases.jsonl"
+CASES = [json.loads(line) for line in CASES_PATH.read_text().splitlines() if line.strip()]
+
+# Grades every case in a fresh interpreter; prints one JSON list of [verdict, seconds].
+_CHILD = """
+import json, sys, time
+from rlvr.rewards import score
+out = []
+for line in open(sys.argv[1]):
+    case = json.loads(line)
+    t = time.perf_counter()
+    got = score("math", case["response"], case["label"]) == 1.0
+    out.append([got, time.perf_counter() - t])
+print(json.dumps(out))
+"""
+
+
+def _cap_memory() -> None:
+    limit = 4 << 30  # 4 GiB of address space: a sympy blow-up dies with MemoryError, not the host
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def test_case_set_is_large_varied_and_not_mostly_right():
+    assert len(CASES) >= 300
+    for case in CASES:
+        assert set(case) == {"response", "label", "correct", "kind"}, case
+        assert isinstance(case["correct"], bool) and isinstance(case["label"], str), case
+    kinds = Counter(c["kind"] for c in CASES)
+    assert len(kinds) >= 15 and min(kinds.values()) >= 8, kinds
+    wrong = sum(not c["correct"] for c in CASES) / len(CASES)
+    assert 0.35 <= wrong <= 0.5, f"{wrong:.0%} wrong: an always-yes grader must score badly"
+
+
+def test_math_grader_agrees_with_human_verdicts():
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(CASES_PATH)],
+        capture_output=True, text=True, timeout=600, preexec_fn=_cap_memory,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(results) == len(CASES)
+    disagreements = [(c, got) for c, (got, _) in zip(CASES, results) if got != c["correct"]]
+    agreement = 1 - len(disagreements) / len(CASES)
+    print(f"\nmath grader agrees with the human verdict on {len(CASES) - len(disagreements)}/{len(CASES)}"
+          f" = {agreement:.2%} of cases")
+    for case, got in disagreements:
+        print(f"  DISAGREE [{case['kind']}] human={case['correct']} grader={got} "
+              f"response={case['response'][:120]!r} label={case['label']!r}")
+    slow = [(c["kind"], c["response"][:60], round(dt, 2)) for c, (_, dt) in zip(CASES, results) if dt > 3.0]
+    assert not slow, f"cases slower than 3 s: {slow}"
+    assert agreement >= 0.99
+
+
+def test_pathological_cases_are_graded_fast():
+    import time
+
+    for case in (c for c in CASES if c["kind"] == "pathological"):
+        t = time.perf_counter()
+        score("math", case["response"], case["label"])
+        assert time.perf_counter() - t < 2.0, case["response"][:80]
+    assert is_unsafe("9^{9^{9^{9}}}") and is_unsafe("2^{1000000}") and not is_unsafe("2^{10}")
+
+
+_ADVERSARIAL = """
+import time
+from rlvr.rewards import score
+inputs = ["$" * 20000, "\\\\(" * 10000, "\\\\frac{" * 3000, "[" * 5000, "The answer is " * 2000,
+          "9" * 20000, "\\\\boxed{1 " + "a" * 5000 + "!", "Answer: 1 " + "ab " * 3000 + "!",
+          "\\\\boxed{" + "\\\\sqrt{" * 300 + "2" + "}" * 301, "\\\\boxed{x = " + "y = " * 2000 + "1}"]
+for text in inputs:
+    t = time.perf_counter()
+    score("math", text, "1")
+    assert time.perf_counter() - t < 2.0, text[:40]
+print("ok")
+"""
+
+
+def test_adversarial_responses_end_fast():
+    # Regex backtracking or a sympy blow-up would hang here: the child is fenced by a timeout.
+    proc = subprocess.run([sys.executable, "-c", _ADVERSARIAL], capture_output=True, text=True,
+                          timeout=120, preexec_fn=_cap_memory)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]
+
+
+def test_math_reward_works_from_worker_threads():
+    # math-verify's signal.alarm timeouts only work in the main thread; elsewhere we turn them
+    # off. Same verdicts either way.
+    cases = [c for c in CASES if c["kind"] != "pathological"][::5]
+    main = [score("math", c["response"], c["label"]) for c in cases]
+
+    def grade(case):
+        assert threading.current_thread() is not threading.main_thread()
+        return math_reward(Sample("", [], label=case["label"], response=case["response"]))
+
+    with ThreadPoolExecutor(4) as pool:
+        threaded = list(pool.map(grade, cases))
+    assert threaded == main
+
+
+@pytest.mark.parametrize(
+    "response,expected",
+    [
+        ("The answer is 3. Check: \\boxed{4} and 5", "4"),  # the box wins over the marker
+        ("I think 3. The answer is 5. Check: 2 + 3 = 5, in 2 steps", "5"),  # marker over last number
+        ("It is $\\frac{5}{36}$.", "\\frac{5}{36}"),  # math span over the number inside it
+        ("$x = 3$ so 7 people", "7"),  # a later number beats an earlier math span
+        ("x" * 50_000 + " so the total is 12", "12"),  # long responses: only the tail is read
+    ],
+)
+def test_extraction_order(response, expected):
+    assert extract_answer(response) == expected
+
+
+def test_math_reward_rejects_missing_label():
+    with pytest.raises(ValueError, match="label"):
+        math_reward(Sample("", [], label=None, response="\\boxed{1}"))
+
+
+# --- dapo ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "response,label,score_,pred",
+    [
+        ("Let me compute.\nAnswer: 42", "42", 1.0, "42"),
+        ("answer: 42", "42", 1.0, "42"),  # any case
+        ("Answer: $1,000$", "1000", 1.0, "1000"),
+        ("Answer: x = 7", "7", 1.0, "7"),
+        ("Answer: 5 dollars", "5", 1.0, "5"),
+        ("Answer: \\boxed{12}", "12", 1.0, "12"),
+        ("Answer: 41", "42", -1.0, "41"),
+        ("Answer: 42.", "42", -1.0, "42."),  # the trailing period stays, as in slime
+        ("\\boxed{42}", "42", -1.0, "[INVALID]"),  # no Answer: line
+        ("Answer: 3\nThen I changed my mind.\nAnswer: 4", "4", 1.0, "4"),  # the last one counts
+        ("Answer: 42\n" + "more words " * 40, "42", -1.0, "[INVALID]"),  # outside the last 300 chars
+        ("Answer: 42", "42.0", 1.0, "42"),  # labels compare as int(float(label))
+    ],
+)
+def test_dapo(response, label, score_, pred):
+    result = REWARDS["dapo"](Sample("", [], label=label, response=response))
+    assert result == {"score": score_, "acc": 1.0 if score_ > 0 else 0.0, "pred": pred}
+    assert score("dapo", response, label) == score_
+
+
+def test_dapo_rejects_non_integer_labels():
+    with pytest.raises(ValueError, match="integer labels.*--rm-type math"):
+        REWARDS["dapo"](Sample("", [], label="1/2", response="Answer: 1/2"))
+
+
+# --- deepscaler ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "response,label,expected",
+    [
+        ("<think>3+4</think>So \\boxed{7}.", "7", 1.0),
+        ("<think>3+4</think>So \\boxed{8}.", "7", 0.0),
+        ("<think>a \\boxed{7}</think> b \\boxed{7}", "7", 1.0),
+        ("<think>still thinking \\boxed{7}", "7", 0.0),  # no </think>: nothing to grade
+        ("prompt ###Response the sum is \\boxed{7}", "7", 1.0),
+        ("<think>x</think> The answer is 7.", "7", 0.0),  # the box is required
+        ("<think>x</think> \\fbox{7}", "7", 0.0),
+        ("<think>x</think> \\boxed{7", "7", 0.0),  # an unclosed box does not count
+        ("<think>x</think> \\boxed{\\frac{1}{2}}", "0.5", 1.0),
+        ("<think>x</think> \\boxed{0.5}", "\\boxed{\\frac12}", 1.0),  # boxed labels are unboxed
+        ("<think>x</think> \\boxed{7}", "", 0.0),
+    ],
+)
+def test_deepscaler(response, label, expected):
+    result = REWARDS["deepscaler"](Sample("", [], label=label, response=response))
+    assert result == expected and isinstance(result, float)
