@@ -1,4 +1,4 @@
-"""``rlvr`` command line: train, sft, plot, demo, and the tiny-asset builders.
+"""``rlvr`` command line: train, sft, eval, plot, export, demo, and the tiny-asset builders.
 
 Errors a user can fix (a bad flag, file or data line) print one line naming what to change and
 exit with status 2, without a traceback.
@@ -68,6 +68,26 @@ def _plot(argv: list[str]) -> None:
     print(plot_runs(a.run_dirs, a.out))
 
 
+def _export(argv: list[str]) -> None:
+    from pathlib import Path
+
+    from rlvr.checkpoint import find_checkpoint
+    from rlvr.errors import ConfigError
+    from rlvr.loop import export_hf
+
+    p = argparse.ArgumentParser(prog="rlvr export", description="write a plain Hugging Face checkpoint "
+                                "(model + tokenizer, no optimizer) from a training checkpoint")
+    p.add_argument("checkpoint", help="a rollout_* checkpoint, or a --save directory (its newest checkpoint)")
+    p.add_argument("out_dir")
+    a = p.parse_args(argv)
+    src = Path(a.checkpoint)
+    if not (src / "config.json").is_file():
+        src = find_checkpoint(src) if src.is_dir() else None
+        if src is None:
+            raise ConfigError("checkpoint", f"{a.checkpoint} is neither a checkpoint nor a --save directory with one")
+    print(export_hf(src, a.out_dir))
+
+
 def _demo(argv: list[str]) -> None:
     from rlvr import demo
 
@@ -104,6 +124,7 @@ COMMANDS = {
     "sft": (_sft, "supervised bootstrap: NLL on the label as the response"),
     "eval": (_eval, "evaluate a checkpoint on held-out sets (greedy by default) and print a table"),
     "plot": (_plot, "PNG dashboard of run directories"),
+    "export": (_export, "write a plain HF checkpoint from a training checkpoint"),
     "demo": (_demo, "the arithmetic demo end to end (what `make demo` runs)"),
     "make-tiny-model": (_make_tiny_model, "write a tiny random HF causal LM + tokenizer"),
     "make-arith-data": (_make_arith_data, "write the arithmetic task's train/test JSONL"),

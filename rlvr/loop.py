@@ -70,6 +70,15 @@ def save_hf(model, tokenizer, directory: str | Path) -> None:
     tokenizer.save_pretrained(directory)
 
 
+def export_hf(checkpoint: str | Path, out_dir: str | Path) -> Path:
+    """A plain HF checkpoint (weights, config, tokenizer; no optimizer or run state) from a
+    training checkpoint, loadable with ``AutoModelForCausalLM.from_pretrained``."""
+    from transformers import AutoModelForCausalLM
+
+    save_hf(AutoModelForCausalLM.from_pretrained(checkpoint), AutoTokenizer.from_pretrained(checkpoint), out_dir)
+    return Path(out_dir)
+
+
 def open_training_data(cfg: Config, tokenizer) -> PromptDataset:
     """The training prompts, streamed from disk; prompts over ``--rollout-max-prompt-len`` dropped."""
     d = cfg.data
