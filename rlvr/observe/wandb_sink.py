@@ -22,7 +22,7 @@ class WandbSink:
         self._wandb = wandb
         self.run = wandb.init(project=project or "rlvr", group=group, name=name or Path(run_dir).name,
                               dir=str(run_dir), mode=mode, id=run_id, resume="allow" if run_id else None,
-                              config=config, settings=wandb.Settings(console="off", silent=True))
+                              config=config, settings=wandb.Settings(console="off", silent=True, disable_git=True))
         for key in STEP_KEYS:
             prefix = key.split("/")[0]
             self.run.define_metric(key)
