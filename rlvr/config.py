@@ -35,7 +35,7 @@ from rlvr.rewards.config import RewardConfig
 class DataConfig:
     """Where prompts come from and how they are read."""
 
-    prompt_data: str | None = _f(None, "training prompts: a JSONL file, one object per line")
+    prompt_data: str | None = _f(None, "training prompts: JSONL, Parquet, or a datasets save_to_disk directory")
     input_key: str = _f("prompt", "field holding the prompt (text, or a list of chat messages)")
     label_key: str | None = _f("label", "field holding the label the reward compares against")
     metadata_key: str = _f("metadata", "field holding a dict passed to the reward as metadata")
@@ -294,7 +294,7 @@ class Config:
         for group in GROUPS:
             getattr(self, group).validate()
         if self.data.prompt_data is None:
-            raise ConfigError("--prompt-data", "is required: a JSONL file of prompts")
+            raise ConfigError("--prompt-data", "is required: a JSONL or Parquet file, or a datasets directory, of prompts")
         gbs, total = self.global_batch_size, self.samples_per_rollout
         if gbs < 1 or total % gbs:
             raise ConfigError(

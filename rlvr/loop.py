@@ -238,13 +238,13 @@ def run(cfg: Config, console: bool = True) -> Path:
     train = not cfg.run.debug_rollout_only
 
     def evaluate(step: int) -> dict[str, float]:
+        """Log ``eval/*`` at ``eval/step``; return them with ``perf/eval_time`` (a rollout-record key)."""
         t0 = time.perf_counter()
         metrics: dict[str, float] = {}
         for name, records in c.eval_sets.items():
             metrics |= rollout.evaluate(name, records, cfg.eval)
-        metrics["perf/eval_time"] = time.perf_counter() - t0
         logger.log(metrics, "eval/step", step)
-        return metrics
+        return metrics | {"perf/eval_time": time.perf_counter() - t0}
 
     with open_logger(cfg, run_dir, resume) as logger, ConsoleProgress(
         n_rollout, start=start, enabled=console
@@ -261,12 +261,16 @@ def run(cfg: Config, console: bool = True) -> Path:
                 t0 = time.perf_counter()
                 rollout.update_weights(trainer.weights(), version=rollout_id + 1)
                 perf["perf/update_weights_time"] = time.perf_counter() - t0
-                logger.log(train_metrics, "train/step", trainer.step)
+                # perf/* go with the rollout record, so the time split of a rollout is one record.
+                perf |= {k: v for k, v in train_metrics.items() if k.startswith("perf/")}
+                logger.log({k: v for k, v in train_metrics.items() if not k.startswith("perf/")},
+                           "train/step", trainer.step)
 
             done = rollout_id + 1
             eval_metrics = {}
             if c.eval_sets and ((eval_every and done % eval_every == 0) or done == n_rollout):
                 eval_metrics = evaluate(done)
+                perf["perf/eval_time"] = eval_metrics.pop("perf/eval_time")
             perf["perf/step_time"] = time.perf_counter() - t_step
             logger.log(batch.metrics | perf, "rollout/step", rollout_id)
             write_samples(run_dir / "samples.jsonl", batch)

@@ -71,3 +71,26 @@ def test_debug_flags_validated(tiny_qwen2, arith_files, tmp_path):
     # A missing dump fails with the file it looked for.
     assert main(["train", *common, "--load-debug-rollout-data", str(tmp_path / "none_{rollout_id}.pt"),
                  "--num-rollout", "1", "--output-dir", str(tmp_path / "o")]) == 2
+
+
+def test_eval_sampling_flags_reach_the_engine(tiny_qwen2, arith_files, tmp_path):
+    """--eval-top-k 1 at temperature 1 draws the argmax: the same responses as greedy eval; and
+    pass@k / truncated_ratio are reported per set."""
+    from rlvr.config import build_config
+    from rlvr.loop import run_eval
+
+    small = tmp_path / "test.jsonl"
+    small.write_text("".join(arith_files[1].read_text().splitlines(keepends=True)[:24]))
+
+    def evaluate(**kw):
+        cfg = build_config({"hf_checkpoint": str(tiny_qwen2), "eval_prompt_data": ["arith", str(small)],
+                            "rollout_max_response_len": 4, **kw})
+        return run_eval(cfg)
+
+    greedy = evaluate()
+    top1 = evaluate(eval_temperature=1.0, eval_top_k=1, n_samples_per_eval_prompt=2)
+    assert top1["eval/arith/response_len/mean"] == greedy["eval/arith/response_len/mean"]
+    assert top1["eval/arith/truncated_ratio"] == greedy["eval/arith/truncated_ratio"]
+    assert "eval/arith/pass@2" in top1 and "eval/arith/pass@2" not in greedy
+    sampled = evaluate(eval_temperature=1.0, eval_top_p=1.0, n_samples_per_eval_prompt=2)
+    assert sampled["eval/arith/response_len/mean"] != greedy["eval/arith/response_len/mean"]
