@@ -183,6 +183,11 @@ def resume_point(cfg: Config) -> tuple[Path | None, dict | None]:
     if ckpt is None:
         log.warning("--load %s: no checkpoint there yet; starting a fresh run", cfg.run.load)
         return None, None
+    saved = yaml.safe_load((ckpt / "config.yaml").read_text())
+    changed = [f"{g}.{k}" for g, fields in cfg.to_dict().items() if g != "run"
+               for k, v in fields.items() if saved.get(g, {}).get(k, v) != v]
+    if changed:  # allowed (e.g. a new LR), but the run is then no longer the same run
+        log.warning("resuming %s with settings that differ from the checkpoint's: %s", ckpt, ", ".join(changed))
     return ckpt, read_run_state(ckpt)
 
 

@@ -62,6 +62,7 @@ def test_sigkill_mid_rollout_then_resume_matches_uninterrupted_run(tiny_qwen2, a
     resumed = rlvr(*args(tiny_qwen2, train, small_eval, tmp_path / "resumed"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stderr and "rollout 4" in resumed.stderr
+    assert "differ from the checkpoint" not in resumed.stderr
 
     a, b = values(tmp_path / "full"), values(tmp_path / "resumed")
     assert a.keys() == b.keys()  # same steps, none lost, none twice
