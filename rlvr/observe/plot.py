@@ -74,6 +74,8 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path | None = None) -> Path
     for ax, (title, keys) in zip(axes, PANELS):
         if keys == ["eval/*"]:
             keys = sorted({k for run in runs for r in run for k in r if eval_score_name(k)})
+            # slime's eval/<name> duplicates eval/<name>/score: draw one line per dataset.
+            keys = [k for k in keys if not (k.count("/") == 1 and f"{k}/score" in keys)]
         drawn, x_label, labels = 0, set(), []
         for records, name, color in zip(runs, names, colors):
             for i, key in enumerate(keys):
