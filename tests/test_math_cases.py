@@ -93,7 +93,8 @@ import time
 from rlvr.rewards import score
 inputs = ["$" * 20000, "\\\\(" * 10000, "\\\\frac{" * 3000, "[" * 5000, "The answer is " * 2000,
           "9" * 20000, "\\\\boxed{1 " + "a" * 5000 + "!", "Answer: 1 " + "ab " * 3000 + "!",
-          "\\\\boxed{" + "\\\\sqrt{" * 300 + "2" + "}" * 301, "\\\\boxed{x = " + "y = " * 2000 + "1}"]
+          "\\\\boxed{" + "\\\\sqrt{" * 300 + "2" + "}" * 301, "\\\\boxed{x = " + "y = " * 2000 + "1}",
+          "\\\\boxed{9^9^9}", "The answer is 2^2^2^2^2^2.", "\\\\boxed{10^{10^{10}}!}"]
 for text in inputs:
     t = time.perf_counter()
     score("math", text, "1")
@@ -132,6 +133,8 @@ def test_math_reward_works_from_worker_threads():
         ("It is $\\frac{5}{36}$.", "\\frac{5}{36}"),  # math span over the number inside it
         ("$x = 3$ so 7 people", "7"),  # a later number beats an earlier math span
         ("x" * 50_000 + " so the total is 12", "12"),  # long responses: only the tail is read
+        ("Check the answer: it must be even. So 4.", "4"),  # prose after a marker is no answer
+        ("The answer is Monday.", "Monday"),
     ],
 )
 def test_extraction_order(response, expected):

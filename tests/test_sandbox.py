@@ -131,6 +131,33 @@ def test_environment_is_clean(monkeypatch):
     assert r.ok and json.loads(r.stdout.replace("'", '"')) == ["HOME", "LANG", "LC_ALL", "PATH"]
 
 
+def test_cancelled_run_leaves_nothing_behind():
+    # The grader cancels a reward that outlives --reward-timeout: the run's processes must die.
+    async def cancel_midway():
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(run_program("import time; time.sleep(100)"), 0.5)
+
+    before = _nobody_pids()
+    asyncio.run(cancel_midway())
+    assert _nobody_pids() - before == set()
+    for controller in ("pids", "memory"):
+        base = _own_cgroup_dir(controller)
+        if base is not None:
+            assert not list(base.glob(f"rlvr-sbx-{os.getpid()}-*")), "the run's cgroup was not removed"
+
+
+def test_without_cgroups_it_falls_back_and_says_so(monkeypatch, tmp_path):
+    from rlvr.rewards import sandbox
+
+    monkeypatch.setattr(sandbox, "CGROUP_ROOT", tmp_path)  # no cgroup hierarchy here
+    r = asyncio.run(run_program("print(2 + 2)"))
+    assert r.ok and r.stdout == "4\n"
+    assert "missing: cgroups (daemons that setsid can outlive the run)" in r.protections
+    assert not any(p.endswith(" cgroup") for p in r.protections)
+    if IS_ROOT:  # nobody's RLIMIT_NPROC stands in for the pids cgroup
+        assert any("RLIMIT_NPROC" in p for p in r.protections), r.protections
+
+
 def test_workdir_is_private_and_removed():
     r = asyncio.run(run_program("import os; open('f', 'w').write('x'); print(os.getcwd())"))
     assert r.ok and "rlvr-sbx-" in r.stdout
@@ -142,6 +169,7 @@ def test_workdir_is_private_and_removed():
 HOSTILE = {
     "fork_bomb": ({"process limit"}, {"fence"}),
     "memory_bomb": ({"memory limit"}, set()),
+    "memory_spread": ({"memory limit"}, {"fence"}),
     "infinite_loop": ({"cpu time limit"}, set()),
     "sleep_forever": ({"timeout"}, set()),
     "huge_output": ({"output limit"}, set()),
@@ -155,7 +183,8 @@ HOSTILE = {
     "raise_limits": ({"exit code 1"}, {"root"}),
     "escape_cgroup": ({"exit code 1"}, {"root", "fence"}),
 }
-HOSTILE_CFG = dict(FAST, code_max_concurrency=1)
+# CPU 1 s but wall 5 s, so that a busy machine still hits the CPU limit before the timeout.
+HOSTILE_CFG = dict(FAST, code_timeout=5.0, code_max_concurrency=1)
 SLACK = 2.0  # seconds a run may take beyond its limit (start-up, clean-up, a loaded machine)
 FENCE_PIDS, FENCE_MEMORY = 128, 2 * 2**30
 
@@ -312,12 +341,17 @@ def hostile(tmp_path_factory):
         rows, driver = {}, {"returncode": "timeout", "stderr": str(e)}
     finally:
         stop.set()
+        # A limit of the fence itself hit means the sandbox's own limit did not hold.
+        fence_hits = {}
+        if fence:
+            fence_hits["pids.max reached"] = int((fence["pids"] / "pids.peak").read_text()) >= FENCE_PIDS
+            fence_hits["memory.failcnt"] = int((fence["memory"] / "memory.failcnt").read_text())
         left_in_fence = _destroy_fence(fence) if fence else set()
         for th in threads:
             th.join()
         server.close()
-    yield dict(rows=rows, driver=driver, have=have, left_in_fence=left_in_fence, stall=stalls[0],
-               accepted=len(accepted), canary_dir=canary_dir, outside=outside, secret=secret)
+    yield dict(rows=rows, driver=driver, have=have, left_in_fence=left_in_fence, fence_hits=fence_hits,
+               stall=stalls[0], accepted=len(accepted), canary_dir=canary_dir, outside=outside)
     for conn in accepted:
         conn.close()
     for path in outside:
@@ -346,11 +380,16 @@ def test_hostile_program_is_contained(hostile, name):
 def test_hostile_suite_left_the_machine_intact(hostile):
     assert hostile["driver"]["returncode"] == 0, hostile["driver"]  # the grader survived
     assert hostile["left_in_fence"] == set(), "processes were left in the fence cgroup"
+    hits = hostile["fence_hits"]
+    assert not any(hits.values()), f"the fence's own limits were hit, the sandbox's did not hold: {hits}"
     assert hostile["accepted"] == 0, "a sandboxed program reached the test's TCP server"
     assert (hostile["canary_dir"] / "canary.txt").read_text() == "still here"
     assert sorted(p.name for p in hostile["canary_dir"].iterdir()) == ["canary.txt"]
     assert not any(p.exists() for p in hostile["outside"])
     assert hostile["stall"] < 1.0, f"the machine stalled {hostile['stall']:.2f} s during the suite"
+    for name, row in sorted(hostile["rows"].items()):  # the measured table (pytest -rP shows it)
+        print(f"{name:15s} {row['duration']:5.2f} s  score {row['score']}  {row['reason']}")
+    print(f"max stall of a 50 ms sleep during the suite: {hostile['stall'] * 1000:.0f} ms")
 
 
 def test_root_gets_every_protection(hostile):

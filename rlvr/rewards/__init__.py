@@ -23,7 +23,10 @@ RewardFn = Callable[[Sample], "float | dict"]
 REWARDS: Registry[Any] = Registry("reward", flag="--rm-type")
 
 # Built-ins register themselves on import.
+from rlvr.rewards import code as _code  # noqa: E402,F401
 from rlvr.rewards import confidence as _confidence  # noqa: E402,F401
+from rlvr.rewards import dapo as _dapo  # noqa: E402,F401
+from rlvr.rewards import deepscaler as _deepscaler  # noqa: E402,F401
 from rlvr.rewards import math as _math  # noqa: E402,F401
 from rlvr.rewards import qa as _qa  # noqa: E402,F401
 from rlvr.rewards import remote as _remote  # noqa: E402,F401

@@ -3,18 +3,22 @@
 Guarantees
 - **Extraction order** (first that applies): the last ``\\boxed{...}`` / ``\\fbox{...}`` (an
   unclosed one takes the rest of the text); the text after the last "answer is" / "answer:" /
-  "final answer" marker, cut at the end of its sentence; the last math span (``$...$``,
+  "answer =" marker (so also "The final answer is", "**Final Answer:**"), cut at the end of its
+  sentence, unless that text is prose (3+ words, no digit, no LaTeX); the last math span (``$...$``,
   ``\\(...\\)``, ``\\[...\\]``) or the last number of the final ``FALLBACK_TAIL`` characters,
   whichever comes later. No candidate -> 0.0.
 - **Equivalence** is decided by the math-verify library after a light normalisation that only
   removes presentation: units (``5\\text{ cm}``, ``\\$5``, "5 dollars"), a ``%`` sign, degree
   marks, ``\\text``/``\\textbf`` wrappers, thousands separators, ``1.5e3`` notation, a leading
-  ``x =`` when the label is a bare value. Plain numbers are compared exactly without sympy.
+  ``x =`` when the label is a bare value. Integers and fractions are compared exactly without
+  sympy; a pair involving a decimal that is not exactly equal goes to math-verify, which rounds
+  to 6 decimal places (``0.333`` is not ``1/3``; ``0.333333`` is).
 - **Conventions**: a percentage is compared by its number (``50\\%`` matches ``50``, not ``0.5``);
-  units are dropped, never converted; a decimal must be exact (``0.333`` is not ``1/3``); a label
+  units are dropped, never converted (``2 hours 30 minutes`` is not ``2.5``); a label
   that is a single letter A-J (``B``, ``(B)``, ``\\text{(B)}``) is graded as a multiple-choice
   letter, case-insensitive.
-- **Safety**: answers with huge powers or factorials (``9^{9^{9}}``, ``2^{1000000}``) or longer
+- **Safety**: answers with huge powers, towers of powers or factorials (``9^{9^{9}}``,
+  ``2^{1000000}``, ``10000!``; so also a harmless ``2^{2^{5}}``) or longer
   than ``MAX_ANSWER_CHARS`` are compared as normalised strings, never handed to sympy; only the
   last ``MAX_SCAN_CHARS`` of a response are searched. math-verify enforces its time limits with
   ``signal.alarm``, which works only in the main thread; elsewhere we call it with its timeouts
@@ -118,6 +122,8 @@ def _answer_after_marker(text: str) -> str | None:
         return rest.lstrip("$").removeprefix("\\(").split("\n")[0].strip().rstrip(".") or None
     end = _SENTENCE_END.search(rest)
     answer = (rest[: end.start()] if end else rest).strip().strip("*").strip()
+    if len(answer.split()) >= 3 and not re.search(r"[\d\\$]", answer):
+        return None  # "the answer: it must be even" is prose, not an answer
     return answer or None
 
 
@@ -279,14 +285,17 @@ def label_choice(label: str) -> str | None:
 
 # --- equivalence --------------------------------------------------------------------------------
 
-_HUGE_POWER = re.compile(r"\^\s*\{?\s*-?\d{4,}|\^\s*\{[^{}]*\^|\*\*\s*\d{4,}|\d{4,}\s*!")
+# A power with a 4+ digit exponent, a tower of powers (9^{9^{9}}, 9^9^9), a 4+ digit factorial.
+_HUGE_POWER = re.compile(r"\^\s*\{?\s*-?\d{4,}|\^\s*\{[^{}]*\^|\^\s*\d+\s*\^|\*\*\s*\d{4,}|\d{4,}\s*!")
 
 
 def is_unsafe(expr: str) -> bool:
     """True when sympy could spend minutes or gigabytes on ``expr`` (huge powers, factorials).
 
-    >>> is_unsafe("9^{9^{9}}"), is_unsafe("2^{1000000}"), is_unsafe("10000!"), is_unsafe("2^{10}")
-    (True, True, True, False)
+    >>> is_unsafe("9^{9^{9}}"), is_unsafe("9^9^9"), is_unsafe("2^{1000000}"), is_unsafe("10000!")
+    (True, True, True, True)
+    >>> is_unsafe("2^{10}"), is_unsafe("10^{-3}"), is_unsafe("x^2 + y^2")
+    (False, False, False)
     """
     return len(expr) > MAX_ANSWER_CHARS or bool(_HUGE_POWER.search(expr))
 
@@ -371,10 +380,15 @@ def is_equivalent(answer: str, label: str) -> bool:
         return exact
     if is_unsafe(a) or is_unsafe(g):
         return a.replace(" ", "") == g.replace(" ", "")
-    timeout = _timeout()
-    gold, pred = list(_parse(g, timeout)), list(_parse(a, timeout))
+    return _math_verify(a, g, _timeout())
+
+
+@functools.lru_cache(maxsize=8192)
+def _math_verify(answer: str, label: str, timeout: int | None) -> bool:
+    # Cached: the samples of one prompt often reach the same normalised answer.
+    gold, pred = list(_parse(label, timeout)), list(_parse(answer, timeout))
     if not gold or not pred:
-        return a.replace(" ", "") == g.replace(" ", "")
+        return answer.replace(" ", "") == label.replace(" ", "")
     return bool(verify(gold, pred, allow_set_relation_comp=True, timeout_seconds=timeout))
 
 

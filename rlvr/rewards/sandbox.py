@@ -1,6 +1,7 @@
 """Run one untrusted Python program and contain it: the process sandbox behind ``--rm-type code``.
 
-``await run_program(source, stdin, limits)`` runs ``source`` with ``sys.executable -I -S -B`` and
+``await run_program(source, stdin, limits)`` runs ``source`` with the grader's own interpreter
+(``-I -S -B``: isolated mode, no site-packages, so programs get the standard library only) and
 returns a ``RunResult``. What it guarantees, and how (each layer falls back when the OS refuses it;
 ``RunResult.protections`` lists the layers that were really active for that run):
 
@@ -454,7 +455,8 @@ async def _run(source: str, stdin: str, limits: SandboxLimits) -> RunResult:
             os.chown(workdir, *user)
             os.chmod(workdir, 0o700)
         cfg = {
-            "cgroups": {k: str(p) for k, p in cgroups.dirs.items()}, "user": user, "workdir": str(workdir),
+            "cgroups": {k: str(p) for k, p in cgroups.dirs.items()}, "user": user,
+            "workdir": str(workdir),
             "disk_mb": limits.disk_mb, "program": _PROGRAM, "status_fd": status_w,
             "python": _PYTHON, "prefix": os.path.dirname(os.path.dirname(_PYTHON)),
             "rlimits": _rlimits(limits, nproc_fallback="pids" not in cgroups.dirs and user is not None),
@@ -491,6 +493,10 @@ async def _run(source: str, stdin: str, limits: SandboxLimits) -> RunResult:
             r.cancel()
         if not all(r.done() and not r.cancelled() for r in readers):
             proc._transport.close()  # asyncio has no public way to drop a process's pipes
+        try:  # let asyncio reap it now, not after the caller's event loop is gone
+            await asyncio.wait_for(proc.wait(), 1.0)
+        except asyncio.TimeoutError:
+            pass
         status = _read_status(status_r)
         if "error" in status:
             raise SandboxError(f"sandbox launcher failed: {status['error']}")
