@@ -119,3 +119,35 @@ def test_sigkill_mid_save_leaves_previous_checkpoint_loadable(tiny_qwen2, arith_
     save_checkpoint(ckpt, 4, trainer, AutoTokenizer.from_pretrained(tiny_qwen2), state, "x: 1\n", keep_last_k=1)
     assert [rid for rid, _ in list_checkpoints(ckpt)] == [4] and read_latest(ckpt) == 4
     assert not (ckpt / "rollout_000004.tmp").exists()
+
+
+def test_resume_cuts_records_logged_after_the_checkpoint(tmp_path):
+    """A crash between a checkpoint and the next one leaves records (and maybe a half-written
+    line) that the resumed run will log again: they are cut, the rest is kept as it was."""
+    from rlvr.loop import truncate_streams
+
+    rows = [{"eval/step": 0, "eval/a/score": 0.1}, {"train/step": 2, "train/loss": 1.0},
+            {"rollout/step": 0, "rollout/raw_reward": 0.5}, {"train/step": 4, "train/loss": 0.9},
+            {"eval/step": 2, "eval/a/score": 0.2}, {"rollout/step": 1, "rollout/raw_reward": 0.6},
+            {"train/step": 6, "train/loss": 0.8}, {"rollout/step": 2, "rollout/raw_reward": 0.7}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"train/st')
+    samples = [{"rollout_id": i, "response": "x"} for i in (0, 1, 2)]
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in samples))
+    truncate_streams(tmp_path, rollout_id=2, train_step=4)  # checkpoint after 2 rollouts, 4 steps
+    kept = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert kept == rows[:6]
+    assert [json.loads(line)["rollout_id"] for line in (tmp_path / "samples.jsonl").open()] == [0, 1]
+
+
+def test_load_from_an_empty_directory_starts_fresh(tmp_path, tiny_qwen2, arith_files, caplog):
+    from rlvr.config import parse_config
+    from rlvr.errors import ConfigError
+    from rlvr.loop import resume_point
+
+    cfg = parse_config(["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(arith_files[0]),
+                        "--load", str(tmp_path / "ckpt")])
+    assert resume_point(cfg) == (None, None) and "no checkpoint there yet" in caplog.text
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / LATEST_FILE).write_text("7\n")  # names a checkpoint that is not there
+    with pytest.raises(ConfigError, match="--load: .* names rollout_000007, which is missing or incomplete"):
+        resume_point(cfg)
