@@ -48,6 +48,7 @@ def _eval(argv: list[str]) -> None:
     values = merged_values(make_parser("rlvr eval").parse_args(argv))
     cfg = build_config(values)
     cfg.train.validate()
+    cfg.data.validate()
     cfg.eval.validate()
     cfg.rollout.validate()
     if not cfg.eval.eval_prompt_data:
