@@ -1,0 +1,199 @@
+"""Packed sequences: a micro-batch as one row of concatenated samples, and log-probs on it.
+
+Packing (the trainer's layout): the samples of a micro-batch are concatenated into one row of
+``N = sum(len)`` tokens with no padding; ``position_ids`` restart at 0 for every sample, and
+attention never crosses samples. Attention runs through ``rlvr_varlen``, an attention function
+registered with transformers' ``AttentionInterface``: given ``cu_seq_lens_q`` (the sample
+boundaries, flash-attention's name) it runs causal SDPA on each sample's slice of q/k/v — the
+same arithmetic as running the sample alone, so packed and unpacked log-probs agree to float
+rounding (tested). Without ``cu_seq_lens_q`` it *is* SDPA, so a model copied from the trainer
+(e.g. the embedded engine's) generates exactly as before. A single SDPA with a block-diagonal
+mask would also be exact but materialises an N x N mask and N x N scores per head.
+
+Padding (``pad``) is kept as the reference layout: right-padded to the longest sample of the
+micro-batch, as the first trainer did and as ``benchmarks/train_throughput.py`` compares against.
+
+Log-probs and entropy are computed only where needed: the hidden states that predict response
+tokens are gathered first (token t is predicted at position t - 1), and the output layer and
+softmax run on those rows only, ``chunk_size`` rows at a time (``--log-probs-chunk-size``); under
+autograd each chunk is recomputed in backward, so the full ``[tokens, vocab]`` logits never exist
+at once.
+
+Simplifications: sliding-window attention and logit soft-capping are not supported by the packed
+path (it raises); decoder-only causal LMs only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from rlvr.types import Sample
+
+ATTN_IMPLEMENTATION = "rlvr_varlen"
+
+
+def varlen_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """Causal attention within each packed sample. q: [1, H, N, D], k/v: [1, Hkv, N, D];
+    returns ([1, N, H, D], None) like transformers' attention functions."""
+    bounds = kwargs.get("cu_seq_lens_q")
+    if bounds is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
+        raise NotImplementedError("packed attention: sliding-window and soft-capped attention are not supported")
+    groups = getattr(module, "num_key_value_groups", 1)
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    out = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        out.append(F.scaled_dot_product_attention(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b],
+                                                  is_causal=True, scale=scaling))
+    return torch.cat(out, dim=2).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(ATTN_IMPLEMENTATION, varlen_attention)
+AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)  # unpacked calls: SDPA's own masks
+
+
+@dataclass
+class TokenBatch:
+    """A micro-batch laid out for the model, plus where its response tokens are.
+
+    ``src[m]`` is the flat position (in ``[rows * cols]``) whose hidden state predicts response
+    token ``m``, ``targets[m]`` that token's id; ``rows[m], cols[m]`` place it in the right-padded
+    ``[b, width]`` per-token tensors the loss works on.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    src: torch.Tensor
+    targets: torch.Tensor
+    rows: torch.Tensor
+    cols: torch.Tensor
+    model_kwargs: dict = field(default_factory=dict)
+
+    @property
+    def slots(self) -> int:
+        """Positions the model computes (real tokens + padding)."""
+        return self.input_ids.numel()
+
+
+def _response_index(samples: list[Sample], starts: list[int]):
+    src, rows, cols = [], [], []
+    for i, (s, start) in enumerate(zip(samples, starts)):
+        p, r = len(s.prompt_ids), s.response_length
+        src.extend(range(start + p - 1, start + p + r - 1))
+        rows.extend([i] * r)
+        cols.extend(range(r))
+    targets = [t for s in samples for t in s.response_ids]
+    return (torch.tensor(src, dtype=torch.long), torch.tensor(targets, dtype=torch.long),
+            torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long))
+
+
+def pack(samples: list[Sample]) -> TokenBatch:
+    """One row ``[1, N]`` of the samples' prompt + response tokens, positions restarting per sample.
+
+    >>> s = [Sample("", [1, 2], response_ids=[3]), Sample("", [4], response_ids=[5, 6])]
+    >>> b = pack(s)
+    >>> b.input_ids.tolist(), b.position_ids.tolist(), b.model_kwargs["cu_seq_lens_q"]
+    ([[1, 2, 3, 4, 5, 6]], [[0, 1, 2, 0, 1, 2]], [0, 3, 6])
+    >>> b.src.tolist(), b.targets.tolist()
+    ([1, 3, 4], [3, 5, 6])
+    """
+    lengths = [s.total_length for s in samples]
+    starts = [0]
+    for n in lengths:
+        starts.append(starts[-1] + n)
+    ids = torch.tensor([[t for s in samples for t in s.prompt_ids + s.response_ids]], dtype=torch.long)
+    positions = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
+    # An all-ones 2D mask turns off transformers' packed-sequence detection (which would build an
+    # N x N mask); the sample boundaries reach the attention function as cu_seq_lens_q.
+    return TokenBatch(ids, torch.ones_like(ids), positions, *_response_index(samples, starts[:-1]),
+                      model_kwargs={"cu_seq_lens_q": starts})
+
+
+def pad(samples: list[Sample]) -> TokenBatch:
+    """``[b, L]`` right-padded to the longest sample (L), with a 0/1 attention mask.
+
+    >>> b = pad([Sample("", [1, 2], response_ids=[3]), Sample("", [4], response_ids=[5])])
+    >>> b.input_ids.tolist(), b.src.tolist()
+    ([[1, 2, 3], [4, 5, 0]], [1, 3])
+    """
+    width = max(s.total_length for s in samples)
+    ids = torch.zeros(len(samples), width, dtype=torch.long)
+    attn = torch.zeros(len(samples), width, dtype=torch.long)
+    for i, s in enumerate(samples):
+        ids[i, : s.total_length] = torch.tensor(s.prompt_ids + s.response_ids)
+        attn[i, : s.total_length] = 1
+    positions = torch.arange(width).expand(len(samples), width)
+    return TokenBatch(ids, attn, positions, *_response_index(samples, [i * width for i in range(len(samples))]))
+
+
+def layout(samples: list[Sample], packed: bool) -> TokenBatch:
+    return pack(samples) if packed else pad(samples)
+
+
+def response_hidden(base_model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
+    """Last hidden states ``[M, H]`` at the positions that predict the M response tokens."""
+    hidden = base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                        position_ids=batch.position_ids, **batch.model_kwargs).last_hidden_state
+    return hidden.reshape(-1, hidden.shape[-1])[batch.src]
+
+
+def _chunk_log_probs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+                     with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    logp = (head(hidden).float() / temperature).log_softmax(-1)
+    picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1) if with_entropy else picked.new_zeros(0)
+    return picked, entropy
+
+
+def token_log_probs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+                    with_entropy: bool, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(head(hidden) / T)[target] ``[M]`` and, optionally, the entropy ``[M]`` of each
+    row's distribution, ``chunk_size`` rows at a time (recomputed in backward under autograd)."""
+    picked, entropy = [], []
+    for a in range(0, hidden.shape[0], chunk_size):
+        args = (head, hidden[a : a + chunk_size], targets[a : a + chunk_size], temperature, with_entropy)
+        if torch.is_grad_enabled() and hidden.requires_grad:
+            lp, ent = checkpoint(_chunk_log_probs, *args, use_reentrant=False)
+        else:
+            lp, ent = _chunk_log_probs(*args)
+        picked.append(lp)
+        entropy.append(ent)
+    if not picked:
+        return hidden.new_zeros(0), (hidden.new_zeros(0) if with_entropy else None)
+    return torch.cat(picked), (torch.cat(entropy) if with_entropy else None)
+
+
+def to_rows(values: torch.Tensor, batch: TokenBatch, n_rows: int, width: int) -> torch.Tensor:
+    """Flat per-response-token ``values [M]`` as right-padded ``[n_rows, width]`` (0 elsewhere);
+    differentiable."""
+    return values.new_zeros(n_rows, width).index_put((batch.rows, batch.cols), values)
+
+
+def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The causal LM's base model (returns hidden states) and its output layer."""
+    config = model.config
+    for name in ("final_logit_softcapping", "logit_scale"):
+        if getattr(config, name, None) not in (None, 1.0):
+            raise NotImplementedError(f"{type(model).__name__}: {name} is not supported by the trainer's log-probs")
+    return getattr(model, model.base_model_prefix), model.get_output_embeddings()
+
+
+def response_log_probs(model: torch.nn.Module, samples: list[Sample], temperature: float, width: int,
+                       with_entropy: bool, chunk_size: int = 1024, packed: bool = True):
+    """Log-probs ``[b, width]`` of each sample's response tokens under ``model`` at ``temperature``
+    (right-padded with 0), and the entropy of each position's distribution when asked (else None)."""
+    base, head = decoder_and_head(model)
+    batch = layout(samples, packed)
+    lp, ent = token_log_probs(head, response_hidden(base, batch), batch.targets, temperature, with_entropy, chunk_size)
+    rows = lambda v: to_rows(v, batch, len(samples), width)  # noqa: E731
+    return rows(lp), (rows(ent) if ent is not None else None)
