@@ -155,3 +155,20 @@ def test_k_poisoned_steps_in_a_row_stop_with_the_rollout_named(tiny_qwen2):
     tr.train(2, _samples())
     with pytest.raises(TrainingStopped, match=r"began at rollout 1 \(train step 1: non-finite loss"):
         tr.guard.raise_if_exhausted()
+
+
+@pytest.mark.parametrize("algo", [AlgoConfig(), AlgoConfig(use_tis=True, calculate_per_token_loss=True)])
+def test_on_policy_p0_from_the_training_forward_equals_a_separate_forward(tiny_qwen2, algo):
+    def run(reuse):
+        tr = _trainer(tiny_qwen2, algo, use_dynamic_batch_size=True, max_tokens_per_gpu=28)
+        tr.p0_from_train_forward = reuse
+        captured = {}
+        real = tr.optimizer.step
+        tr.optimizer.step = lambda: (captured.setdefault("g", torch.cat([p.grad.flatten() for p in tr.master])),
+                                     real())
+        return captured, tr.train(0, _samples())
+
+    (g_reuse, m_reuse), (g_sep, m_sep) = run(True), run(False)
+    assert (g_reuse["g"] - g_sep["g"]).abs().max() / g_sep["g"].norm() <= 1e-6
+    for key in ("train/train_rollout_logprob_abs_diff", "train/pg_loss", "train/ppo_kl", "train/pg_clipfrac"):
+        assert m_reuse[key] == pytest.approx(m_sep[key], abs=1e-6)

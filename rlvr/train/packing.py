@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from rlvr.types import Sample
@@ -48,12 +48,12 @@ def varlen_attention(module, query, key, value, attention_mask, dropout=0.0, sca
                                       scaling=scaling, **kwargs)
     if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
         raise NotImplementedError("packed attention: sliding-window and soft-capped attention are not supported")
-    groups = getattr(module, "num_key_value_groups", 1)
-    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
-    out = []
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        out.append(F.scaled_dot_product_attention(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b],
-                                                  is_causal=True, scale=scaling))
+    gqa = getattr(module, "num_key_value_groups", 1) > 1  # SDPA repeats k/v heads itself, no copy
+    # torch.split, not slicing: the backward of a split is one concatenation, while each slice's
+    # backward would write a full-size zero gradient (O(samples x tokens) memory traffic).
+    sizes = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+    out = [F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=gqa)
+           for q, k, v in zip(*(t.split(sizes, dim=2) for t in (query, key, value)))]
     return torch.cat(out, dim=2).transpose(1, 2).contiguous(), None
 
 

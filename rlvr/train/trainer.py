@@ -117,6 +117,7 @@ class Trainer:
         self.global_batch_size = global_batch_size
         self.n_samples_per_prompt = n_samples_per_prompt
         self.packed = True  # False lays micro-batches out right-padded (benchmarks compare the two)
+        self.p0_from_train_forward = True  # False: always a separate p0 forward (tests compare the two)
         torch.manual_seed(train.seed)
         self.model = load_policy(train.hf_checkpoint, train.bf16)
         # The reference model exists only when a KL term reads it; frozen, never trained.
@@ -162,11 +163,17 @@ class Trainer:
         kept = self._fitting(samples)
         mask = pad_right([s.loss_mask if i in kept else [] for i, s in enumerate(samples)], width)
         rollout_lp = pad_right([s.rollout_log_probs for s in samples], width)
+        gbs = self.global_batch_size or n
+        # On-policy (one optimizer step, nothing reads p0 before the loss): p0 is the training
+        # forward's own log-probs, detached -- the numbers a separate forward would give, one forward fewer.
+        p0_in_loss = self.p0_from_train_forward and gbs >= n and algo.kl_coef == 0 and not self.cfg.use_rollout_logprobs
         with torch.no_grad():
             if self.cfg.use_rollout_logprobs:
                 if any(len(s.rollout_log_probs) != s.response_length for s in samples):
                     raise ValueError("--use-rollout-logprobs: some samples carry no engine log-probs for every token")
                 old_lp = rollout_lp
+            elif p0_in_loss:
+                old_lp = torch.zeros(n, width)  # filled by actor_loss from the training forward
             else:
                 old_lp = self._forward_all(lambda mb: self._log_probs(self.model, mb, width, False)[0], samples, kept, width)
             ref_lp = None
@@ -176,8 +183,8 @@ class Trainer:
                                            samples, kept, width)
             old_values = self._forward_all(lambda mb: self.critic(mb, width), samples, kept, width) if self.critic else None
         rewards = torch.tensor([s.scalar_reward() for s in samples], dtype=torch.float32)
-        inputs = AdvantageInputs(rewards, mask, self.n_samples_per_prompt, log_probs=old_lp, ref_log_probs=ref_lp,
-                                 values=old_values, train_metadata=collate_train_metadata(samples, width))
+        inputs = AdvantageInputs(rewards, mask, self.n_samples_per_prompt, log_probs=None if p0_in_loss else old_lp,
+                                 ref_log_probs=ref_lp, values=old_values, train_metadata=collate_train_metadata(samples, width))
         advantages, returns = ADVANTAGES[algo.advantage_estimator](inputs, algo)
         if algo.normalize_advantages:
             advantages = masked_whiten(advantages, mask)
@@ -186,6 +193,8 @@ class Trainer:
 
         def actor_loss(idx: list[int], lp: torch.Tensor, ent: torch.Tensor):
             m = mask[idx]
+            if p0_in_loss:
+                old_lp[idx] = lp.detach()
             pg_loss, metrics = pg_loss_fn(lp, old_lp[idx], advantages[idx], m, algo)
             if correct:  # train-inference corrections (seed 002): p0 / q weights, OPSM
                 pg_loss, extra = apply_corrections(pg_loss, lp, old_lp[idx], rollout_lp[idx], advantages[idx], m, algo)
@@ -206,7 +215,6 @@ class Trainer:
             return 0.5 * loss, {"value_loss": 0.5 * loss, "value_clipfrac": clipfrac}
 
         actor_forward = lambda mb: self._log_probs(self.model, mb, width, True)  # noqa: E731
-        gbs = self.global_batch_size or n
         out: dict[str, list[float]] = defaultdict(list)
         skipped = 0
         for start in range(0, n, gbs):
