@@ -4,8 +4,10 @@ One training step = the trainer's real ``Trainer.train`` on a GRPO rollout with
 ``--use-rollout-logprobs`` and no KL (so exactly forward + backward + optimizer step per global
 batch; no p0 or reference forward): micro-batches from ``--use-dynamic-batch-size
 --max-tokens-per-gpu 4096`` (first-fit count, KK balance), the *same* micro-batches either packed
-(one row, no padding, attention within samples) or right-padded to their longest sample (the
-first trainer's layout, what HF-style trainers do). Tokens/s counts real tokens only.
+(one row, no padding, attention within samples, a group's shared prompt computed once), packed
+without prompt sharing, or right-padded to their longest sample (the first trainer's layout, what
+HF-style trainers do). Tokens/s counts every sample's prompt + response tokens (a shared prompt
+counts once per sample), the same count for every layout.
 
 The two layouts alternate (packed, padded, packed, ...) in one process, with the thread count
 fixed (default 1: on a shared machine one thread per process avoids OpenMP barrier stalls; use
@@ -65,11 +67,13 @@ def main() -> None:
         slots = sum(pad([samples[i] for i in b]).slots for b in bins)
         print(f"\n[{name}] {n_params / 1e6:.1f}M parameters; {len(bins)} micro-batches; padded layout computes "
               f"{slots} positions for {sum(lengths)} tokens ({slots / sum(lengths):.2f}x)")
-        speeds: dict[str, list[float]] = {"packed": [], "padded": []}
-        cpu_speeds: dict[str, list[float]] = {"packed": [], "padded": []}
-        for r in range(args.rounds + 1):  # round 0 warms up both layouts
-            for layout in ("packed", "padded"):
-                trainer.packed = layout == "packed"
+        layouts = ("packed", "padded", "packed_no_prompt_sharing")
+        speeds: dict[str, list[float]] = {k: [] for k in layouts}
+        cpu_speeds: dict[str, list[float]] = {k: [] for k in layouts}
+        for r in range(args.rounds + 1):  # round 0 warms up every layout
+            for layout in layouts:
+                trainer.packed = layout != "padded"
+                trainer.share_prompts = layout == "packed"
                 c0 = time.process_time()
                 m = trainer.train(r, samples)
                 cpu_tok_s = sum(lengths) / (time.process_time() - c0)
@@ -78,13 +82,18 @@ def main() -> None:
                     cpu_speeds[layout].append(cpu_tok_s)
                 print(f"  round {r} {layout:<6} {m['perf/train_tokens_per_s']:8.0f} tok/s ({m['perf/train_time']:.2f} s wall; "
                       f"{cpu_tok_s:.0f} tok per CPU-s){'  (warm-up)' if r == 0 else ''}")
-        packed, padded = statistics.median(speeds["packed"]), statistics.median(speeds["padded"])
-        cpu_ratio = statistics.median(cpu_speeds["packed"]) / statistics.median(cpu_speeds["padded"])
+        med = {k: statistics.median(v) for k, v in speeds.items()}
+        cpu_med = {k: statistics.median(v) for k, v in cpu_speeds.items()}
+        packed, padded, unshared = med["packed"], med["padded"], med["packed_no_prompt_sharing"]
+        cpu_ratio = cpu_med["packed"] / cpu_med["padded"]
         print(f"[{name}] packed {packed:.0f} tok/s, padded {padded:.0f} tok/s: {packed / padded:.2f}x "
-              f"(per CPU-second: {cpu_ratio:.2f}x)")
+              f"(per CPU-second: {cpu_ratio:.2f}x); packed without prompt sharing {unshared:.0f} tok/s: "
+              f"{unshared / padded:.2f}x (per CPU-second: {cpu_med['packed_no_prompt_sharing'] / cpu_med['padded']:.2f}x)")
         results.append({"bench": "train_throughput", "model": f"{name} ({n_params / 1e6:.1f}M)",
                         "packed_tok_s": round(packed, 1), "padded_tok_s": round(padded, 1),
-                        "ratio": round(packed / padded, 3), "cpu_ratio": round(cpu_ratio, 3)})
+                        "ratio": round(packed / padded, 3), "cpu_ratio": round(cpu_ratio, 3),
+                        "packed_no_prompt_sharing_tok_s": round(unshared, 1),
+                        "no_prompt_sharing_ratio": round(unshared / padded, 3)})
     for row in results:
         print(json.dumps(row))
 

@@ -1,14 +1,17 @@
 """Packed sequences: a micro-batch as one row of concatenated samples, and log-probs on it.
 
-Packing (the trainer's layout): the samples of a micro-batch are concatenated into one row of
-``N = sum(len)`` tokens with no padding; ``position_ids`` restart at 0 for every sample, and
-attention never crosses samples. Attention runs through ``rlvr_varlen``, an attention function
-registered with transformers' ``AttentionInterface``: given ``cu_seq_lens_q`` (the sample
-boundaries, flash-attention's name) it runs causal SDPA on each sample's slice of q/k/v — the
-same arithmetic as running the sample alone, so packed and unpacked log-probs agree to float
-rounding (tested). Without ``cu_seq_lens_q`` it *is* SDPA, so a model copied from the trainer
-(e.g. the embedded engine's) generates exactly as before. A single SDPA with a block-diagonal
-mask would also be exact but materialises an N x N mask and N x N scores per head.
+Packing (the trainer's layout): the samples of a micro-batch are concatenated into one row with
+no padding; ``position_ids`` restart at 0 for every sample, and attention never crosses samples.
+Samples with the same prompt (a GRPO group) share it: the prompt's tokens appear once, followed by
+each sample's response, and every response attends to the prompt and to itself only -- the same
+arithmetic as running each sample alone, because a causal model's prompt states do not depend on
+the response (prefix sharing; the prompt's gradient is the sum over its responses, as it would be
+with copies). Attention runs through ``rlvr_varlen``, an attention function registered with
+transformers' ``AttentionInterface``: given ``packed_groups`` (the row's layout) it runs SDPA on
+each prompt and each response's slice of q/k/v; packed and unpacked log-probs and gradients agree
+to float rounding (tested). Without ``packed_groups`` it *is* SDPA, so a model copied from the
+trainer (e.g. the embedded engine's) generates exactly as before. A single SDPA with a
+block-diagonal mask would also be exact but materialises an N x N mask and N x N scores per head.
 
 Padding (``pad``) is kept as the reference layout: right-padded to the longest sample of the
 micro-batch, as the first trainer did and as ``benchmarks/train_throughput.py`` compares against.
@@ -26,6 +29,7 @@ path (it raises); decoder-only causal LMs only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -39,21 +43,39 @@ from rlvr.types import Sample
 ATTN_IMPLEMENTATION = "rlvr_varlen"
 
 
+def _bottom_right_causal(q_len: int, k_len: int) -> torch.Tensor:
+    """[q_len, k_len] bool: query i (the last q_len of k_len positions) sees keys <= k_len - q_len + i."""
+    return torch.ones(q_len, k_len, dtype=torch.bool).tril(diagonal=k_len - q_len)
+
+
 def varlen_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """Causal attention within each packed sample. q: [1, H, N, D], k/v: [1, Hkv, N, D];
-    returns ([1, N, H, D], None) like transformers' attention functions."""
-    bounds = kwargs.get("cu_seq_lens_q")
-    if bounds is None:
+    returns ([1, N, H, D], None) like transformers' attention functions.
+
+    ``packed_groups`` lists ``(prompt_len, [response_len, ...])`` in row order: a prompt attends
+    causally to itself; each response attends to its group's prompt and causally to itself, never
+    to another response."""
+    groups = kwargs.get("packed_groups")
+    if groups is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
     if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
         raise NotImplementedError("packed attention: sliding-window and soft-capped attention are not supported")
     gqa = getattr(module, "num_key_value_groups", 1) > 1  # SDPA repeats k/v heads itself, no copy
+    sdpa = partial(F.scaled_dot_product_attention, scale=scaling, enable_gqa=gqa)
     # torch.split, not slicing: the backward of a split is one concatenation, while each slice's
     # backward would write a full-size zero gradient (O(samples x tokens) memory traffic).
-    sizes = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
-    out = [F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=gqa)
-           for q, k, v in zip(*(t.split(sizes, dim=2) for t in (query, key, value)))]
+    sizes = [n for prompt, responses in groups for n in (prompt, *responses)]
+    pieces = iter(zip(*(t.split(sizes, dim=2) for t in (query, key, value))))
+    out = []
+    for prompt, responses in groups:
+        pq, pk, pv = next(pieces)
+        out.append(sdpa(pq, pk, pv, is_causal=True))
+        for r in responses:
+            q, k, v = next(pieces)
+            if r:
+                mask = _bottom_right_causal(r, prompt + r)
+                out.append(sdpa(q, torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2), attn_mask=mask))
     return torch.cat(out, dim=2).transpose(1, 2).contiguous(), None
 
 
@@ -85,38 +107,56 @@ class TokenBatch:
         return self.input_ids.numel()
 
 
-def _response_index(samples: list[Sample], starts: list[int]):
-    src, rows, cols = [], [], []
-    for i, (s, start) in enumerate(zip(samples, starts)):
-        p, r = len(s.prompt_ids), s.response_length
-        src.extend(range(start + p - 1, start + p + r - 1))
-        rows.extend([i] * r)
-        cols.extend(range(r))
-    targets = [t for s in samples for t in s.response_ids]
-    return (torch.tensor(src, dtype=torch.long), torch.tensor(targets, dtype=torch.long),
-            torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long))
+def _index(rows: list[tuple[int, int, list[int], list[int]]]):
+    """``(first_position, row, prompt_positions_end, response token ids)`` per sample ->
+    (src, targets, rows, cols): the flat position predicting each response token (token 0 by the
+    prompt's last position, token t by the response's position t - 1)."""
+    src, targets, out_rows, cols = [], [], [], []
+    for start, row, prompt_last, resp in rows:
+        src.extend([prompt_last] + list(range(start, start + len(resp) - 1)) if resp else [])
+        targets.extend(resp)
+        out_rows.extend([row] * len(resp))
+        cols.extend(range(len(resp)))
+    return tuple(torch.tensor(x, dtype=torch.long) for x in (src, targets, out_rows, cols))
 
 
-def pack(samples: list[Sample]) -> TokenBatch:
-    """One row ``[1, N]`` of the samples' prompt + response tokens, positions restarting per sample.
+def pack(samples: list[Sample], share_prompts: bool = True) -> TokenBatch:
+    """One row ``[1, N]``: for each prompt of the micro-batch, its tokens once, then the response
+    tokens of every sample with that prompt (a GRPO group shares it); positions restart per prompt
+    and continue from the prompt into each response. ``share_prompts=False`` repeats the prompt
+    for every sample (plain packing). Attention: see ``varlen_attention``.
 
-    >>> s = [Sample("", [1, 2], response_ids=[3]), Sample("", [4], response_ids=[5, 6])]
+    >>> s = [Sample("", [1, 2], response_ids=[3]), Sample("", [1, 2], response_ids=[5, 6])]
     >>> b = pack(s)
-    >>> b.input_ids.tolist(), b.position_ids.tolist(), b.model_kwargs["cu_seq_lens_q"]
-    ([[1, 2, 3, 4, 5, 6]], [[0, 1, 2, 0, 1, 2]], [0, 3, 6])
+    >>> b.input_ids.tolist(), b.position_ids.tolist(), b.model_kwargs["packed_groups"]
+    ([[1, 2, 3, 5, 6]], [[0, 1, 2, 2, 3]], [(2, [1, 2])])
     >>> b.src.tolist(), b.targets.tolist()
-    ([1, 3, 4], [3, 5, 6])
+    ([1, 1, 3], [3, 5, 6])
+    >>> pack(s, share_prompts=False).input_ids.tolist()
+    [[1, 2, 3, 1, 2, 5, 6]]
     """
-    lengths = [s.total_length for s in samples]
-    starts = [0]
-    for n in lengths:
-        starts.append(starts[-1] + n)
-    ids = torch.tensor([[t for s in samples for t in s.prompt_ids + s.response_ids]], dtype=torch.long)
-    positions = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
+    by_prompt: dict[tuple, list[int]] = {}
+    for i, s in enumerate(samples):
+        by_prompt.setdefault(tuple(s.prompt_ids) if share_prompts else (i,), []).append(i)
+    ids: list[int] = []
+    positions: list[int] = []
+    groups, index = [], []
+    for members in by_prompt.values():
+        prompt = samples[members[0]].prompt_ids
+        ids += prompt
+        positions += range(len(prompt))
+        prompt_last = len(ids) - 1
+        for i in members:
+            resp = samples[i].response_ids
+            index.append((len(ids), i, prompt_last, resp))
+            ids += resp
+            positions += range(len(prompt), len(prompt) + len(resp))
+        groups.append((len(prompt), [samples[i].response_length for i in members]))
+    row = torch.tensor([ids], dtype=torch.long)
     # An all-ones 2D mask turns off transformers' packed-sequence detection (which would build an
-    # N x N mask); the sample boundaries reach the attention function as cu_seq_lens_q.
-    return TokenBatch(ids, torch.ones_like(ids), positions, *_response_index(samples, starts[:-1]),
-                      model_kwargs={"cu_seq_lens_q": starts})
+    # N x N mask); the layout reaches the attention function as packed_groups.
+    return TokenBatch(row, torch.ones_like(row), torch.tensor([positions], dtype=torch.long),
+                      *_index(sorted(index, key=lambda x: x[1])), model_kwargs={"packed_groups": groups})
 
 
 def pad(samples: list[Sample]) -> TokenBatch:
@@ -133,11 +173,13 @@ def pad(samples: list[Sample]) -> TokenBatch:
         ids[i, : s.total_length] = torch.tensor(s.prompt_ids + s.response_ids)
         attn[i, : s.total_length] = 1
     positions = torch.arange(width).expand(len(samples), width)
-    return TokenBatch(ids, attn, positions, *_response_index(samples, [i * width for i in range(len(samples))]))
+    rows = [(i * width + len(s.prompt_ids), i, i * width + len(s.prompt_ids) - 1, s.response_ids)
+            for i, s in enumerate(samples)]
+    return TokenBatch(ids, attn, positions, *_index(rows))
 
 
-def layout(samples: list[Sample], packed: bool) -> TokenBatch:
-    return pack(samples) if packed else pad(samples)
+def layout(samples: list[Sample], packed: bool, share_prompts: bool = True) -> TokenBatch:
+    return pack(samples, share_prompts) if packed else pad(samples)
 
 
 def response_hidden(base_model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
@@ -189,11 +231,12 @@ def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.
 
 
 def response_log_probs(model: torch.nn.Module, samples: list[Sample], temperature: float, width: int,
-                       with_entropy: bool, chunk_size: int = 1024, packed: bool = True):
+                       with_entropy: bool, chunk_size: int = 1024, packed: bool = True,
+                       share_prompts: bool = True):
     """Log-probs ``[b, width]`` of each sample's response tokens under ``model`` at ``temperature``
     (right-padded with 0), and the entropy of each position's distribution when asked (else None)."""
     base, head = decoder_and_head(model)
-    batch = layout(samples, packed)
+    batch = layout(samples, packed, share_prompts)
     lp, ent = token_log_probs(head, response_hidden(base, batch), batch.targets, temperature, with_entropy, chunk_size)
     rows = lambda v: to_rows(v, batch, len(samples), width)  # noqa: E731
     return rows(lp), (rows(ent) if ent is not None else None)

@@ -117,6 +117,7 @@ class Trainer:
         self.global_batch_size = global_batch_size
         self.n_samples_per_prompt = n_samples_per_prompt
         self.packed = True  # False lays micro-batches out right-padded (benchmarks compare the two)
+        self.share_prompts = True  # packed: a prompt shared by several samples is computed once
         self.p0_from_train_forward = True  # False: always a separate p0 forward (tests compare the two)
         torch.manual_seed(train.seed)
         self.model = load_policy(train.hf_checkpoint, train.bf16)
@@ -267,7 +268,8 @@ class Trainer:
     # ---- internals -------------------------------------------------------------------------
     def _log_probs(self, model, mb: list[Sample], width: int, with_entropy: bool):
         chunk = self.cfg.log_probs_chunk_size if self.cfg.log_probs_chunk_size > 0 else 1 << 62
-        return response_log_probs(model, mb, self.temperature, width, with_entropy, chunk, packed=self.packed)
+        return response_log_probs(model, mb, self.temperature, width, with_entropy, chunk, packed=self.packed,
+                                  share_prompts=self.share_prompts)
 
     def _fitting(self, samples: list[Sample]) -> set[int]:
         """Indices of the samples that fit one micro-batch; the others are logged and left out."""
