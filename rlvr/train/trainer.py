@@ -146,7 +146,11 @@ class Trainer:
 
     def _adamw(self, params, lr: float) -> torch.optim.Optimizer:
         c = self.cfg
-        opt = torch.optim.AdamW(params, lr=lr, betas=(c.adam_beta1, c.adam_beta2), weight_decay=c.weight_decay)
+        params = list(params)
+        # The fused kernel (one pass over all tensors) where it is available: CPU and CUDA.
+        fused = all(p.device.type in ("cpu", "cuda") and p.dtype == torch.float32 for p in params)
+        opt = torch.optim.AdamW(params, lr=lr, betas=(c.adam_beta1, c.adam_beta2), weight_decay=c.weight_decay,
+                                fused=fused or None)
         for group in opt.param_groups:
             group["initial_lr"] = lr  # the schedule scales this (critic and actor alike)
         return opt
