@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rlvr.models.tiny import build_tiny_model
+from rlvr.train import packing
 from rlvr.train.packing import response_log_probs
 from rlvr.train.trainer import load_policy
 from rlvr.types import Sample
@@ -29,8 +30,10 @@ def model(request, tmp_path_factory):
                        bf16=False)
 
 
+@pytest.mark.parametrize("small_group", [512, 0])  # 0: every group takes the long-group path
 @pytest.mark.parametrize("group", [1, 3])
-def test_packed_equals_each_sample_alone_and_padded(model, group):
+def test_packed_equals_each_sample_alone_and_padded(model, group, small_group, monkeypatch):
+    monkeypatch.setattr(packing, "SMALL_GROUP", small_group)
     samples = _samples(group=group)
     width = max(s.response_length for s in samples)
     with torch.no_grad():
@@ -55,7 +58,9 @@ def test_attention_never_crosses_samples(model):
     assert torch.equal(a[1:], b[1:])  # bit-identical: the first sample cannot be seen
 
 
-def test_responses_sharing_a_prompt_never_see_each_other(model):
+@pytest.mark.parametrize("small_group", [512, 0])
+def test_responses_sharing_a_prompt_never_see_each_other(model, small_group, monkeypatch):
+    monkeypatch.setattr(packing, "SMALL_GROUP", small_group)
     samples = _samples(4, seed=3, group=4)
     width = max(s.response_length for s in samples)
     first = samples[0]
@@ -67,7 +72,9 @@ def test_responses_sharing_a_prompt_never_see_each_other(model):
     assert (a[1:] - b[1:]).abs().max() <= 1e-6  # and nowhere else
 
 
-def test_packed_shared_prompt_and_chunked_gradients_equal_padded(model):
+@pytest.mark.parametrize("small_group", [512, 0])
+def test_packed_shared_prompt_and_chunked_gradients_equal_padded(model, small_group, monkeypatch):
+    monkeypatch.setattr(packing, "SMALL_GROUP", small_group)
     samples = _samples(8, seed=2, group=4)
     width = max(s.response_length for s in samples)
 

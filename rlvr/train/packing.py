@@ -48,6 +48,21 @@ def _bottom_right_causal(q_len: int, k_len: int) -> torch.Tensor:
     return torch.ones(q_len, k_len, dtype=torch.bool).tril(diagonal=k_len - q_len)
 
 
+SMALL_GROUP = 512  # tokens: a group this short runs as one masked SDPA call (mask <= 512 x 512)
+
+
+def group_mask(prompt: int, responses: list[int]) -> torch.Tensor:
+    """[L, L] bool attention pattern of one packed group (prompt, then its responses): causal,
+    and a response sees only the prompt and itself.
+
+    >>> group_mask(1, [1, 2]).int().tolist()
+    [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]]
+    """
+    seg = torch.repeat_interleave(torch.arange(len(responses) + 1), torch.tensor([prompt, *responses]))
+    pos = torch.arange(seg.numel())
+    return (pos[None, :] <= pos[:, None]) & ((seg[None, :] == seg[:, None]) | (seg[None, :] == 0))
+
+
 def varlen_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """Causal attention within each packed sample. q: [1, H, N, D], k/v: [1, Hkv, N, D];
     returns ([1, N, H, D], None) like transformers' attention functions.
@@ -65,10 +80,17 @@ def varlen_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     sdpa = partial(F.scaled_dot_product_attention, scale=scaling, enable_gqa=gqa)
     # torch.split, not slicing: the backward of a split is one concatenation, while each slice's
     # backward would write a full-size zero gradient (O(samples x tokens) memory traffic).
-    sizes = [n for prompt, responses in groups for n in (prompt, *responses)]
+    whole = [prompt + sum(responses) <= SMALL_GROUP for prompt, responses in groups]
+    sizes = [n for (prompt, responses), w in zip(groups, whole)
+             for n in ([prompt + sum(responses)] if w else [prompt, *responses])]
     pieces = iter(zip(*(t.split(sizes, dim=2) for t in (query, key, value))))
     out = []
-    for prompt, responses in groups:
+    for (prompt, responses), w in zip(groups, whole):
+        if w:  # one call for the group, its attention pattern as a mask (causal for a lone sample)
+            q, k, v = next(pieces)
+            lone = len(responses) == 1
+            out.append(sdpa(q, k, v, is_causal=lone, attn_mask=None if lone else group_mask(prompt, responses)))
+            continue
         pq, pk, pv = next(pieces)
         out.append(sdpa(pq, pk, pv, is_causal=True))
         for r in responses:
