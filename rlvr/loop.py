@@ -20,6 +20,7 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from rlvr.config import Config
+from rlvr.errors import ConfigError
 from rlvr.data.dataset import DataSource, PromptRecord, read_prompts, render_prompt
 from rlvr.engine.embedded import EmbeddedEngine
 from rlvr.observe import ConsoleProgress, MetricsLogger, plot_runs
@@ -61,6 +62,7 @@ def build(cfg: Config) -> Components:
     d = cfg.data
     tokenizer = load_tokenizer(cfg.train.hf_checkpoint)
     records = read_dataset(cfg, d.prompt_data)
+    check_fits_micro_batch(cfg, tokenizer, records)
     eval_sets = {name: read_dataset(cfg, path) for name, path in cfg.eval.datasets()}
     trainer = Trainer(
         cfg.train,
@@ -81,6 +83,29 @@ def build(cfg: Config) -> Components:
         apply_chat_template=d.apply_chat_template,
     )
     return Components(tokenizer, rollout, trainer, eval_sets)
+
+
+def check_fits_micro_batch(cfg: Config, tokenizer, records: list[PromptRecord]) -> None:
+    """With ``--use-dynamic-batch-size``, the longest prompt plus ``--rollout-max-response-len``
+    must fit ``--max-tokens-per-gpu``: known before the first rollout, so refused here rather than
+    left to the trainer (which would have to leave such samples out of training)."""
+    cap = cfg.train.max_tokens_per_gpu
+    if not cfg.train.use_dynamic_batch_size or not records:
+        return
+    texts = [render_prompt(r.prompt, tokenizer, cfg.data.apply_chat_template) for r in records]
+    longest = max(len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
+    if longest + cfg.rollout.rollout_max_response_len > cap:
+        raise ConfigError(
+            "--max-tokens-per-gpu",
+            f"{cap} cannot hold the longest prompt of {cfg.data.prompt_data} ({longest} tokens) plus "
+            f"--rollout-max-response-len {cfg.rollout.rollout_max_response_len}; raise it to at least "
+            f"{longest + cfg.rollout.rollout_max_response_len} or lower the response length",
+        )
+
+
+def skipped_rollout_path(run_dir: Path, rollout_id: int) -> Path:
+    """Where a rollout whose optimizer step was skipped (non-finite loss/grad) is saved for replay."""
+    return run_dir / "skipped_rollouts" / f"rollout_{rollout_id:06d}.pt"
 
 
 def prepare_run_dir(output_dir: str) -> Path:
@@ -127,6 +152,8 @@ def run(cfg: Config, console: bool = True) -> Path:
             t_step = time.perf_counter()
             batch = rollout.generate(rollout_id)
             train_metrics = trainer.train(rollout_id, batch.samples)
+            if train_metrics.get("train/skipped_steps"):  # keep the bad rollout for inspection
+                batch.save(skipped_rollout_path(run_dir, rollout_id))
             t0 = time.perf_counter()
             rollout.update_weights(trainer.weights(), version=rollout_id + 1)
             perf = {"perf/update_weights_time": time.perf_counter() - t0}
@@ -143,6 +170,7 @@ def run(cfg: Config, console: bool = True) -> Path:
             logger.log(batch.metrics | perf, "rollout/step", rollout_id)
             write_samples(run_dir / "samples.jsonl", batch)
             progress.advance(rollout_id, batch.metrics | train_metrics | perf | eval_metrics)
+            trainer.guard.raise_if_exhausted(lambda rid: str(skipped_rollout_path(run_dir, rid)))
     plot_runs([run_dir], run_dir / "curves.png")
     return run_dir
 
