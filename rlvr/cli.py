@@ -10,7 +10,7 @@ import argparse
 import logging
 import sys
 
-from rlvr.errors import ConfigError, DataError
+from rlvr.errors import ConfigError, DataError, TrainingStopped
 
 
 def _config_with_assets(argv: list[str], prog: str, rl: bool):
@@ -146,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError) as e:
         print(f"rlvr {argv[0]}: error: {e}", file=sys.stderr)
         return 2
+    except TrainingStopped as e:
+        print(f"rlvr {argv[0]}: stopped: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -142,6 +142,14 @@ class TrainConfig:
     seed: int = _f(1234, "seed of model sampling and training")
     critic_load: str | None = _f(None, "PPO critic initial weights (HF directory); default --hf-checkpoint")
     critic_lr: float | None = _f(None, "PPO critic learning rate; default --lr")
+    ref_load: str | None = _f(None, "reference model for the KL terms (HF directory); default the initial policy")
+    ref_update_interval: int | None = _f(None, "copy the policy into the reference model every N rollouts")
+    use_rollout_logprobs: bool = _f(False, "use the engine's log-probs as the old policy instead of recomputing them")
+    log_probs_chunk_size: int = _f(-1, "response tokens per output-layer chunk for log-probs/entropy; -1 = one chunk")
+    balance_data: bool = _f(False, "split a rollout across data-parallel ranks by token count (Karmarkar-Karp)")
+    bf16: bool = _f(False, "bfloat16 parameters and activations, float32 master weights in the optimizer")
+    recompute_activations: bool = _f(False, "recompute each layer's activations in backward to save memory")
+    max_consecutive_skipped_steps: int = _f(3, "stop after this many optimizer steps in a row skipped for a non-finite loss/grad norm")
 
     def validate(self) -> None:
         if self.hf_checkpoint is None:
@@ -160,6 +168,14 @@ class TrainConfig:
             raise ConfigError("--max-tokens-per-gpu", f"must be >= 1, got {self.max_tokens_per_gpu}")
         if self.micro_batch_size < 1:
             raise ConfigError("--micro-batch-size", f"must be >= 1, got {self.micro_batch_size}")
+        if self.ref_load is not None and not (Path(self.ref_load) / "config.json").is_file():
+            raise ConfigError("--ref-load", f"{self.ref_load} has no config.json; point it at a HF model directory")
+        if self.ref_update_interval is not None and self.ref_update_interval < 1:
+            raise ConfigError("--ref-update-interval", f"must be >= 1, got {self.ref_update_interval}")
+        if self.log_probs_chunk_size == 0 or self.log_probs_chunk_size < -1:
+            raise ConfigError("--log-probs-chunk-size", f"must be >= 1 or -1 (one chunk), got {self.log_probs_chunk_size}")
+        if self.max_consecutive_skipped_steps < 1:
+            raise ConfigError("--max-consecutive-skipped-steps", f"must be >= 1, got {self.max_consecutive_skipped_steps}")
 
 
 @dataclass
@@ -313,6 +329,10 @@ class Config:
                 )
         if not rl:
             return self
+        uses_ref = self.algo.use_kl_loss or self.algo.kl_coef != 0
+        for name in ("ref_load", "ref_update_interval"):
+            if getattr(self.train, name) is not None and not uses_ref:
+                raise ConfigError(flag_of(name), "does nothing without a KL term; add --use-kl-loss or --kl-coef, or unset it")
         if self.algo.advantage_estimator in ("grpo", "gspo", "cispo", "rloo") and self.rollout.n_samples_per_prompt < 2:
             raise ConfigError("--n-samples-per-prompt", f"{self.algo.advantage_estimator} needs groups of >= 2 samples")
         if self.algo.advantage_estimator == "dcpo" and self.rollout.custom_reward_post_process_path is None:

@@ -32,7 +32,7 @@ from transformers import AutoTokenizer
 from rlvr.checkpoint import capture_rng, crash_hook, find_checkpoint, read_run_state, restore_rng, save_checkpoint
 from rlvr.config import Config
 from rlvr.data.dataset import DataSource, PromptDataset, PromptRecord, read_prompts, render_prompt
-from rlvr.errors import DataError
+from rlvr.errors import ConfigError, DataError
 from rlvr.engine.embedded import EmbeddedEngine
 from rlvr.jsonl import iter_objects
 from rlvr.observe import ConsoleProgress, MetricsLogger, plot_runs
@@ -91,6 +91,7 @@ def build(cfg: Config) -> Components:
     d = cfg.data
     tokenizer = load_tokenizer(cfg.train.hf_checkpoint)
     records = open_training_data(cfg, tokenizer)
+    check_fits_micro_batch(cfg, records)
     eval_sets = {name: read_dataset(cfg, path) for name, path in cfg.eval.datasets()}
     trainer = Trainer(
         cfg.train,
@@ -112,6 +113,29 @@ def build(cfg: Config) -> Components:
         chat_template_kwargs=d.chat_template_kwargs(),
     )
     return Components(tokenizer, rollout, trainer, eval_sets)
+
+
+def check_fits_micro_batch(cfg: Config, records: PromptDataset) -> None:
+    """With ``--use-dynamic-batch-size``, the longest prompt plus ``--rollout-max-response-len``
+    must fit ``--max-tokens-per-gpu``: known before the first rollout (the dataset measured every
+    rendered prompt when it was opened), so refused here rather than left to the trainer (which
+    would have to leave such samples out of training)."""
+    cap = cfg.train.max_tokens_per_gpu
+    if not cfg.train.use_dynamic_batch_size or not len(records):
+        return
+    longest = records.longest_prompt
+    if longest + cfg.rollout.rollout_max_response_len > cap:
+        raise ConfigError(
+            "--max-tokens-per-gpu",
+            f"{cap} cannot hold the longest prompt of {cfg.data.prompt_data} ({longest} tokens) plus "
+            f"--rollout-max-response-len {cfg.rollout.rollout_max_response_len}; raise it to at least "
+            f"{longest + cfg.rollout.rollout_max_response_len} or lower the response length",
+        )
+
+
+def skipped_rollout_path(run_dir: Path, rollout_id: int) -> Path:
+    """Where a rollout whose optimizer step was skipped (non-finite loss/grad) is saved for replay."""
+    return run_dir / "skipped_rollouts" / f"rollout_{rollout_id:06d}.pt"
 
 
 def prepare_run_dir(output_dir: str, resume: dict | None = None) -> Path:
@@ -263,6 +287,8 @@ def run(cfg: Config, console: bool = True) -> Path:
             train_metrics, perf = {}, {}
             if train:
                 train_metrics = trainer.train(rollout_id, batch.samples)
+                if train_metrics.get("train/skipped_steps"):  # keep the bad rollout for inspection
+                    batch.save(skipped_rollout_path(run_dir, rollout_id))
                 t0 = time.perf_counter()
                 rollout.update_weights(trainer.weights(), version=rollout_id + 1)
                 perf["perf/update_weights_time"] = time.perf_counter() - t0
@@ -283,6 +309,7 @@ def run(cfg: Config, console: bool = True) -> Path:
             if train and ((save_every and done % save_every == 0) or done == n_rollout):
                 save(cfg, c, done, logger)
             progress.advance(rollout_id, batch.metrics | train_metrics | perf | eval_metrics)
+            trainer.guard.raise_if_exhausted(lambda rid: str(skipped_rollout_path(run_dir, rid)))
     if cfg.run.save_hf and "{rollout_id}" not in cfg.run.save_hf:
         save_hf(trainer.model, c.tokenizer, cfg.run.save_hf)
     plot_runs([run_dir], run_dir / "curves.png")

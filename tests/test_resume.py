@@ -151,3 +151,28 @@ def test_load_from_an_empty_directory_starts_fresh(tmp_path, tiny_qwen2, arith_f
     (tmp_path / "ckpt" / LATEST_FILE).write_text("7\n")  # names a checkpoint that is not there
     with pytest.raises(ConfigError, match="--load: .* names rollout_000007, which is missing or incomplete"):
         resume_point(cfg)
+
+
+def test_trainer_checkpoint_keeps_bf16_masters_and_a_moved_reference(tiny_qwen2, arith_files, tmp_path):
+    """The HF weights are not all of the trainer's state: --bf16's float32 masters and a reference
+    model moved by --ref-update-interval come back from a checkpoint too."""
+    import torch
+
+    from rlvr.config import parse_config
+    from rlvr.train.trainer import Trainer
+
+    cfg = parse_config(["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(arith_files[0]), "--bf16",
+                        "--use-kl-loss", "--ref-update-interval", "1"])
+    a = Trainer(cfg.train, cfg.algo)
+    with torch.no_grad():
+        for m in a.master:
+            m.add_(1e-4)  # a float32 change too small to show in bfloat16
+        for p in a.ref_model.parameters():
+            p.mul_(0.5)
+    a.step = 3
+    a.save(tmp_path / "ck")
+    b = Trainer(cfg.train, cfg.algo)
+    b.load(tmp_path / "ck")
+    assert b.step == 3
+    assert all(torch.equal(x, y) for x, y in zip(a.master, b.master))
+    assert all(torch.equal(x, y) for x, y in zip(a.ref_model.parameters(), b.ref_model.parameters()))

@@ -38,9 +38,9 @@ class PromptDataset:
     and then read row by row: ``len()`` and ``ds[k] -> PromptRecord`` (see ``rlvr.data.readers``).
 
     Opening it makes one streaming pass that checks every row (``DataError`` naming ``file:line``
-    or ``file: row N`` at the first bad one) and, with ``max_prompt_len``, measures each rendered
-    prompt in tokens: longer prompts are dropped, counted in ``dropped_long`` and logged, never
-    truncated. Only the kept row numbers stay in memory (8 bytes each).
+    or ``file: row N`` at the first bad one) and, given a ``tokenizer``, measures each rendered
+    prompt in tokens (``longest_prompt``): prompts over ``max_prompt_len`` are dropped, counted in
+    ``dropped_long`` and logged, never truncated. Only the kept row numbers stay in memory (8 bytes each).
     """
 
     def __init__(self, path: str | Path, input_key: str = "prompt", label_key: str | None = "label",
@@ -51,17 +51,20 @@ class PromptDataset:
         self.rows = open_rows(path)
         self.keys = (input_key, label_key, metadata_key)
         self.dropped_long = 0
+        self.longest_prompt = 0  # tokens of the longest kept prompt, rendered (with a tokenizer)
         self._kept = array("q")
         for i, row in self.rows.iter_rows():
             record = self._record(i, row)
-            if max_prompt_len is not None:
+            if tokenizer is not None:
                 try:
                     text = render_prompt(record.prompt, tokenizer, apply_chat_template, chat_template_kwargs)
                 except ValueError as e:
                     raise row_error(self.rows, i, str(e)) from None
-                if len(tokenizer(text, add_special_tokens=False)["input_ids"]) > max_prompt_len:
+                n_tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+                if max_prompt_len is not None and n_tokens > max_prompt_len:
                     self.dropped_long += 1
                     continue
+                self.longest_prompt = max(self.longest_prompt, n_tokens)
             self._kept.append(i)
         if self.dropped_long:
             log.warning("%s: dropped %d of %d prompts longer than --rollout-max-prompt-len %d tokens",
