@@ -1,4 +1,4 @@
-"""``rlvr`` command line: train, sft, eval, serve, plot, demo, and the tiny-asset builders.
+"""``rlvr`` command line: train, sft, eval, serve, plot, export, demo, and the tiny-asset builders.
 
 Errors a user can fix (a bad flag, file or data line) print one line naming what to change and
 exit with status 2, without a traceback.
@@ -10,7 +10,7 @@ import argparse
 import logging
 import sys
 
-from rlvr.errors import ConfigError, DataError
+from rlvr.errors import ConfigError, DataError, TrainingStopped
 
 
 def _config_with_assets(argv: list[str], prog: str, rl: bool):
@@ -48,6 +48,7 @@ def _eval(argv: list[str]) -> None:
     values = merged_values(make_parser("rlvr eval").parse_args(argv))
     cfg = build_config(values)
     cfg.train.validate()
+    cfg.data.validate()
     cfg.eval.validate()
     cfg.rollout.validate()
     if not cfg.eval.eval_prompt_data:
@@ -66,6 +67,26 @@ def _plot(argv: list[str]) -> None:
     p.add_argument("--out", default=None, help="PNG path; default FIRST_RUN_DIR/curves.png")
     a = p.parse_args(argv)
     print(plot_runs(a.run_dirs, a.out))
+
+
+def _export(argv: list[str]) -> None:
+    from pathlib import Path
+
+    from rlvr.checkpoint import find_checkpoint
+    from rlvr.errors import ConfigError
+    from rlvr.loop import export_hf
+
+    p = argparse.ArgumentParser(prog="rlvr export", description="write a plain Hugging Face checkpoint "
+                                "(model + tokenizer, no optimizer) from a training checkpoint")
+    p.add_argument("checkpoint", help="a rollout_* checkpoint, or a --save directory (its newest checkpoint)")
+    p.add_argument("out_dir")
+    a = p.parse_args(argv)
+    src = Path(a.checkpoint)
+    if not (src / "config.json").is_file():
+        src = find_checkpoint(src) if src.is_dir() else None
+        if src is None:
+            raise ConfigError("checkpoint", f"{a.checkpoint} is neither a checkpoint nor a --save directory with one")
+    print(export_hf(src, a.out_dir))
 
 
 def _demo(argv: list[str]) -> None:
@@ -111,6 +132,7 @@ COMMANDS = {
     "eval": (_eval, "evaluate a checkpoint on held-out sets (greedy by default) and print a table"),
     "serve": (_serve, "serve a checkpoint over SGLang's HTTP protocol (+ OpenAI routes) on 127.0.0.1"),
     "plot": (_plot, "PNG dashboard of run directories"),
+    "export": (_export, "write a plain HF checkpoint from a training checkpoint"),
     "demo": (_demo, "the arithmetic demo end to end (what `make demo` runs)"),
     "make-tiny-model": (_make_tiny_model, "write a tiny random HF causal LM + tokenizer"),
     "make-arith-data": (_make_arith_data, "write the arithmetic task's train/test JSONL"),
@@ -131,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError) as e:
         print(f"rlvr {argv[0]}: error: {e}", file=sys.stderr)
         return 2
+    except TrainingStopped as e:
+        print(f"rlvr {argv[0]}: stopped: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

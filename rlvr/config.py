@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import json
 import types
 import typing
 from dataclasses import dataclass, field, fields
@@ -34,17 +35,40 @@ from rlvr.rewards.config import RewardConfig
 class DataConfig:
     """Where prompts come from and how they are read."""
 
-    prompt_data: str | None = _f(None, "training prompts: a JSONL file, one object per line")
+    prompt_data: str | None = _f(None, "training prompts: JSONL, Parquet, or a datasets save_to_disk directory")
     input_key: str = _f("prompt", "field holding the prompt (text, or a list of chat messages)")
     label_key: str | None = _f("label", "field holding the label the reward compares against")
     metadata_key: str = _f("metadata", "field holding a dict passed to the reward as metadata")
     apply_chat_template: bool = _f(False, "wrap prompts with the tokenizer's chat template")
     rollout_shuffle: bool = _f(True, "shuffle the prompts each epoch")
     rollout_seed: int = _f(42, "seed of the prompt order")
+    apply_chat_template_kwargs: str | None = _f(
+        None, 'extra keyword arguments of apply_chat_template, as a JSON object: \'{"enable_thinking": false}\''
+    )
+    rollout_max_prompt_len: int | None = _f(
+        None, "drop (and count) training prompts longer than this many tokens; never truncated"
+    )
+
+    def chat_template_kwargs(self) -> dict:
+        return json.loads(self.apply_chat_template_kwargs) if self.apply_chat_template_kwargs else {}
 
     def validate(self) -> None:
-        if self.prompt_data is not None and not Path(self.prompt_data).is_file():
-            raise ConfigError("--prompt-data", f"file not found: {self.prompt_data}")
+        from rlvr.data.readers import dataset_kind
+
+        if self.prompt_data is not None:
+            try:
+                dataset_kind(self.prompt_data)
+            except ValueError as e:
+                raise ConfigError("--prompt-data", str(e)) from None
+        if self.apply_chat_template_kwargs is not None:
+            try:
+                kwargs = json.loads(self.apply_chat_template_kwargs)
+            except json.JSONDecodeError as e:
+                raise ConfigError("--apply-chat-template-kwargs", f"not valid JSON: {e}") from None
+            if not isinstance(kwargs, dict):
+                raise ConfigError("--apply-chat-template-kwargs", "must be a JSON object, e.g. '{\"enable_thinking\": false}'")
+        if self.rollout_max_prompt_len is not None and self.rollout_max_prompt_len < 1:
+            raise ConfigError("--rollout-max-prompt-len", f"must be >= 1, got {self.rollout_max_prompt_len}")
 
 
 @dataclass
@@ -143,6 +167,14 @@ class TrainConfig:
     seed: int = _f(1234, "seed of model sampling and training")
     critic_load: str | None = _f(None, "PPO critic initial weights (HF directory); default --hf-checkpoint")
     critic_lr: float | None = _f(None, "PPO critic learning rate; default --lr")
+    ref_load: str | None = _f(None, "reference model for the KL terms (HF directory); default the initial policy")
+    ref_update_interval: int | None = _f(None, "copy the policy into the reference model every N rollouts")
+    use_rollout_logprobs: bool = _f(False, "use the engine's log-probs as the old policy instead of recomputing them")
+    log_probs_chunk_size: int = _f(-1, "response tokens per output-layer chunk for log-probs/entropy; -1 = one chunk")
+    balance_data: bool = _f(False, "split a rollout across data-parallel ranks by token count (Karmarkar-Karp)")
+    bf16: bool = _f(False, "bfloat16 parameters and activations, float32 master weights in the optimizer")
+    recompute_activations: bool = _f(False, "recompute each layer's activations in backward to save memory")
+    max_consecutive_skipped_steps: int = _f(3, "stop after this many optimizer steps in a row skipped for a non-finite loss/grad norm")
 
     def validate(self) -> None:
         if self.hf_checkpoint is None:
@@ -161,6 +193,14 @@ class TrainConfig:
             raise ConfigError("--max-tokens-per-gpu", f"must be >= 1, got {self.max_tokens_per_gpu}")
         if self.micro_batch_size < 1:
             raise ConfigError("--micro-batch-size", f"must be >= 1, got {self.micro_batch_size}")
+        if self.ref_load is not None and not (Path(self.ref_load) / "config.json").is_file():
+            raise ConfigError("--ref-load", f"{self.ref_load} has no config.json; point it at a HF model directory")
+        if self.ref_update_interval is not None and self.ref_update_interval < 1:
+            raise ConfigError("--ref-update-interval", f"must be >= 1, got {self.ref_update_interval}")
+        if self.log_probs_chunk_size == 0 or self.log_probs_chunk_size < -1:
+            raise ConfigError("--log-probs-chunk-size", f"must be >= 1 or -1 (one chunk), got {self.log_probs_chunk_size}")
+        if self.max_consecutive_skipped_steps < 1:
+            raise ConfigError("--max-consecutive-skipped-steps", f"must be >= 1, got {self.max_consecutive_skipped_steps}")
 
 
 @dataclass
@@ -173,6 +213,8 @@ class EvalConfig:
     eval_max_response_len: int | None = _f(None, "max new tokens in eval; default --rollout-max-response-len")
     n_samples_per_eval_prompt: int = _f(1, "responses per eval prompt")
     skip_eval_before_train: bool = _f(False, "do not evaluate the starting checkpoint")
+    eval_top_p: float | None = _f(None, "nucleus mass in eval; default --rollout-top-p (1 when greedy)")
+    eval_top_k: int | None = _f(None, "top-k in eval; default --rollout-top-k (off when greedy)")
 
     def datasets(self) -> list[tuple[str, str]]:
         """(name, path) pairs from ``--eval-prompt-data``."""
@@ -184,9 +226,15 @@ class EvalConfig:
     def validate(self) -> None:
         if len(self.eval_prompt_data) > 1 and len(self.eval_prompt_data) % 2:
             raise ConfigError("--eval-prompt-data", "takes NAME PATH pairs (or one PATH); got an odd count")
+        from rlvr.data.readers import dataset_kind
+
         for name, path in self.datasets():
-            if not Path(path).is_file():
-                raise ConfigError("--eval-prompt-data", f"{name}: file not found: {path}")
+            try:
+                dataset_kind(path)
+            except ValueError as e:
+                raise ConfigError("--eval-prompt-data", f"{name}: {e}") from None
+        if self.eval_top_p is not None and not 0 < self.eval_top_p <= 1:
+            raise ConfigError("--eval-top-p", f"must be in (0, 1], got {self.eval_top_p}")
         if self.eval_interval is not None and self.eval_interval < 1:
             raise ConfigError("--eval-interval", f"must be >= 1, got {self.eval_interval}")
 
@@ -200,12 +248,48 @@ class RunConfig:
     save: str | None = _f(None, "checkpoint directory; default OUTPUT_DIR/checkpoints")
     save_interval: int | None = _f(None, "save a checkpoint every N rollouts (and at the end)")
     use_tensorboard: bool = _f(False, "write TensorBoard events to OUTPUT_DIR/tensorboard")
+    # -- checkpoints and resume
+    load: str | None = _f(None, "resume from the newest checkpoint in this directory (none there yet: start fresh)")
+    keep_last_k: int | None = _f(None, "keep only the newest K checkpoints under --save; default keep all")
+    save_hf: str | None = _f(None, "also write a plain HF checkpoint here at the end ({rollout_id}: at every save)")
+    # -- debug replay (slime's flags)
+    save_debug_rollout_data: str | None = _f(None, "save each rollout's samples to this path template with {rollout_id}")
+    load_debug_rollout_data: str | None = _f(
+        None, "train on rollouts saved by --save-debug-rollout-data (path template with {rollout_id}); no sampling"
+    )
+    debug_rollout_only: bool = _f(False, "only generate and grade rollouts; no training, no weight updates")
+    debug_train_only: bool = _f(False, "only train, on --load-debug-rollout-data (implied by it)")
+    # -- sinks
+    tb_project_name: str | None = _f(None, "TensorBoard: events go to OUTPUT_DIR/tensorboard/PROJECT/EXPERIMENT")
+    tb_experiment_name: str | None = _f(None, "TensorBoard experiment (run) name; default the run directory's name")
+    use_wandb: bool = _f(False, "log to Weights & Biases (pip install wandb)")
+    wandb_project: str | None = _f(None, "W&B project; default rlvr")
+    wandb_group: str | None = _f(None, "W&B group")
+    wandb_mode: str = _f("online", "W&B mode: offline writes OUTPUT_DIR/wandb/ with no network",
+                         ["online", "offline", "disabled"])
 
     def validate(self) -> None:
         if self.num_rollout < 1:
             raise ConfigError("--num-rollout", f"must be >= 1, got {self.num_rollout}")
         if self.save_interval is not None and self.save_interval < 1:
             raise ConfigError("--save-interval", f"must be >= 1, got {self.save_interval}")
+        if self.keep_last_k is not None and self.keep_last_k < 1:
+            raise ConfigError("--keep-last-k", f"must be >= 1, got {self.keep_last_k}")
+        for name in ("save_debug_rollout_data", "load_debug_rollout_data"):
+            value = getattr(self, name)
+            if value is not None and "{rollout_id}" not in value:
+                raise ConfigError(flag_of(name), f"{value!r} needs a {{rollout_id}} placeholder, e.g. dump/rollout_{{rollout_id}}.pt")
+        if self.load_debug_rollout_data is not None:
+            self.debug_train_only = True  # slime: loading rollouts means no sampling
+        if self.debug_train_only and self.load_debug_rollout_data is None:
+            raise ConfigError("--debug-train-only", "needs --load-debug-rollout-data: the rollouts to train on")
+        if self.debug_rollout_only and self.debug_train_only:
+            raise ConfigError("--debug-rollout-only", "cannot be combined with --debug-train-only (or --load-debug-rollout-data)")
+        if self.use_wandb:
+            try:
+                import wandb  # noqa: F401
+            except ImportError:
+                raise ConfigError("--use-wandb", "needs the wandb package: pip install wandb") from None
 
     @property
     def save_dir(self) -> Path:
@@ -251,7 +335,7 @@ class Config:
         for group in GROUPS:
             getattr(self, group).validate()
         if self.data.prompt_data is None:
-            raise ConfigError("--prompt-data", "is required: a JSONL file of prompts")
+            raise ConfigError("--prompt-data", "is required: a JSONL or Parquet file, or a datasets directory, of prompts")
         gbs, total = self.global_batch_size, self.samples_per_rollout
         if gbs < 1 or total % gbs:
             raise ConfigError(
@@ -270,6 +354,10 @@ class Config:
                 )
         if not rl:
             return self
+        uses_ref = self.algo.use_kl_loss or self.algo.kl_coef != 0
+        for name in ("ref_load", "ref_update_interval"):
+            if getattr(self.train, name) is not None and not uses_ref:
+                raise ConfigError(flag_of(name), "does nothing without a KL term; add --use-kl-loss or --kl-coef, or unset it")
         if self.algo.advantage_estimator in ("grpo", "gspo", "cispo", "rloo") and self.rollout.n_samples_per_prompt < 2:
             raise ConfigError("--n-samples-per-prompt", f"{self.algo.advantage_estimator} needs groups of >= 2 samples")
         if self.algo.advantage_estimator == "dcpo" and self.rollout.custom_reward_post_process_path is None:

@@ -22,3 +22,8 @@ class DataError(ValueError):
         self.path, self.line = path, line
         where = f"{path}:{line}" if line is not None else str(path)
         super().__init__(f"{where}: {message}")
+
+
+class TrainingStopped(RuntimeError):
+    """The run stopped itself (e.g. too many consecutive skipped optimizer steps); the message says
+    which rollout started it and where to look."""

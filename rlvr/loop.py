@@ -1,27 +1,40 @@
 """The driver: one RL run, top to bottom (STYLE point 4, DESIGN "One RL step").
 
-    for rollout_id in range(num_rollout):
-        batch   = rollout.generate(rollout_id)            # sample + grade
+    resume from --load (if a checkpoint is there)
+    for rollout_id in range(start, num_rollout):
+        batch   = rollout.generate(rollout_id)            # sample + grade (or a saved debug rollout)
         metrics = trainer.train(rollout_id, batch.samples) # advantages, loss, optimizer step(s)
         rollout.update_weights(trainer.weights(), rollout_id + 1)
-        maybe evaluate, maybe save, log
+        maybe evaluate, log, maybe save
 
 ``build`` wires the components from a ``Config`` (each gets its own group); ``run`` drives them.
+A checkpoint (``rlvr.checkpoint``) is written after everything about its rollout is logged, and
+holds all the state the next rollout depends on, so a run killed at any point and resumed with
+``--load`` logs the same values as one that was never stopped. slime's debug split:
+``--save-debug-rollout-data`` writes each ``RolloutBatch``, ``--load-debug-rollout-data`` trains
+on them instead of sampling (``--debug-train-only``), ``--debug-rollout-only`` samples without
+training.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from transformers import AutoTokenizer
 
+from rlvr.checkpoint import capture_rng, crash_hook, find_checkpoint, read_run_state, restore_rng, save_checkpoint
 from rlvr.config import Config
-from rlvr.data.dataset import DataSource, PromptRecord, read_prompts, render_prompt
+from rlvr.data.dataset import DataSource, PromptDataset, PromptRecord, read_prompts, render_prompt
+from rlvr.errors import ConfigError, DataError
 from rlvr.engine.embedded import EmbeddedEngine
+from rlvr.jsonl import iter_objects
 from rlvr.observe import ConsoleProgress, MetricsLogger, plot_runs
 from rlvr.rewards.grader import Grader
 from rlvr.rollout.rollout import Rollout
@@ -57,10 +70,28 @@ def save_hf(model, tokenizer, directory: str | Path) -> None:
     tokenizer.save_pretrained(directory)
 
 
+def export_hf(checkpoint: str | Path, out_dir: str | Path) -> Path:
+    """A plain HF checkpoint (weights, config, tokenizer; no optimizer or run state) from a
+    training checkpoint, loadable with ``AutoModelForCausalLM.from_pretrained``."""
+    from transformers import AutoModelForCausalLM
+
+    save_hf(AutoModelForCausalLM.from_pretrained(checkpoint), AutoTokenizer.from_pretrained(checkpoint), out_dir)
+    return Path(out_dir)
+
+
+def open_training_data(cfg: Config, tokenizer) -> PromptDataset:
+    """The training prompts, streamed from disk; prompts over ``--rollout-max-prompt-len`` dropped."""
+    d = cfg.data
+    return PromptDataset(d.prompt_data, d.input_key, d.label_key, d.metadata_key, tokenizer=tokenizer,
+                         apply_chat_template=d.apply_chat_template, chat_template_kwargs=d.chat_template_kwargs(),
+                         max_prompt_len=d.rollout_max_prompt_len)
+
+
 def build(cfg: Config) -> Components:
     d = cfg.data
     tokenizer = load_tokenizer(cfg.train.hf_checkpoint)
-    records = read_dataset(cfg, d.prompt_data)
+    records = open_training_data(cfg, tokenizer)
+    check_fits_micro_batch(cfg, records)
     eval_sets = {name: read_dataset(cfg, path) for name, path in cfg.eval.datasets()}
     trainer = Trainer(
         cfg.train,
@@ -78,6 +109,7 @@ def build(cfg: Config) -> Components:
         DataSource(records, shuffle=d.rollout_shuffle, seed=d.rollout_seed),
         Grader(cfg.reward),
         apply_chat_template=d.apply_chat_template,
+        chat_template_kwargs=d.chat_template_kwargs(),
     )
     return Components(tokenizer, rollout, trainer, eval_sets)
 
@@ -95,12 +127,41 @@ def build_engine(cfg: Config, model, tokenizer):
                           max_batch_size=r.rollout_max_running_requests, tokenizer=tokenizer)
 
 
-def prepare_run_dir(output_dir: str) -> Path:
-    """Create the run directory; a previous run's outputs there are moved to ``archive/<time>/``
-    (never overwritten, never appended to), so each metrics stream describes one run."""
+def check_fits_micro_batch(cfg: Config, records: PromptDataset) -> None:
+    """With ``--use-dynamic-batch-size``, the longest prompt plus ``--rollout-max-response-len``
+    must fit ``--max-tokens-per-gpu``: known before the first rollout (the dataset measured every
+    rendered prompt when it was opened), so refused here rather than left to the trainer (which
+    would have to leave such samples out of training)."""
+    cap = cfg.train.max_tokens_per_gpu
+    if not cfg.train.use_dynamic_batch_size or not len(records):
+        return
+    longest = records.longest_prompt
+    if longest + cfg.rollout.rollout_max_response_len > cap:
+        raise ConfigError(
+            "--max-tokens-per-gpu",
+            f"{cap} cannot hold the longest prompt of {cfg.data.prompt_data} ({longest} tokens) plus "
+            f"--rollout-max-response-len {cfg.rollout.rollout_max_response_len}; raise it to at least "
+            f"{longest + cfg.rollout.rollout_max_response_len} or lower the response length",
+        )
+
+
+def skipped_rollout_path(run_dir: Path, rollout_id: int) -> Path:
+    """Where a rollout whose optimizer step was skipped (non-finite loss/grad) is saved for replay."""
+    return run_dir / "skipped_rollouts" / f"rollout_{rollout_id:06d}.pt"
+
+
+def prepare_run_dir(output_dir: str, resume: dict | None = None) -> Path:
+    """Create the run directory. A fresh run moves a previous run's outputs there to
+    ``archive/<time>/`` (never overwritten, never appended to), so each metrics stream describes
+    one run. A resumed run (``resume`` = the checkpoint's run state) continues the same streams:
+    records logged after the checkpoint (by the run that crashed) are cut, since they are about
+    to be logged again, so nothing is lost or duplicated."""
     run_dir = Path(output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    old = [run_dir / n for n in ("metrics.jsonl", "samples.jsonl", "tensorboard", "curves.png", "config.yaml")]
+    if resume is not None:
+        truncate_streams(run_dir, resume["rollout_id"], resume["train_step"])
+        return run_dir
+    old = [run_dir / n for n in ("metrics.jsonl", "samples.jsonl", "tensorboard", "wandb", "curves.png", "config.yaml")]
     old = [p for p in old if p.exists()]
     if old:
         stamp, k = time.strftime("%Y%m%d-%H%M%S"), 0
@@ -113,48 +174,156 @@ def prepare_run_dir(output_dir: str) -> Path:
     return run_dir
 
 
+def truncate_streams(run_dir: Path, rollout_id: int, train_step: int) -> None:
+    """Keep the records of ``metrics.jsonl`` / ``samples.jsonl`` up to a checkpoint taken after
+    ``rollout_id`` rollouts and ``train_step`` optimizer steps; drop later ones (and a truncated
+    last line)."""
+    limits = {"rollout/step": rollout_id - 1, "train/step": train_step, "eval/step": rollout_id}
+    keep_metric = lambda r: all(r[k] <= v for k, v in limits.items() if k in r)  # noqa: E731
+    keep_sample = lambda r: r.get("rollout_id", 0) < rollout_id  # noqa: E731
+    for name, keep in (("metrics.jsonl", keep_metric), ("samples.jsonl", keep_sample)):
+        path = run_dir / name
+        if not path.is_file():
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the truncated last line of a killed writer is expected
+            rows = [r for _, r in iter_objects(path, allow_truncated_tail=True)]
+        kept = [r for r in rows if keep(r)]
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        os.replace(tmp, path)
+        if len(kept) < len(rows):
+            log.info("resume: cut %d records of %s logged after the checkpoint", len(rows) - len(kept), path)
+
+
+def open_logger(cfg: Config, run_dir: Path, resume: dict | None) -> MetricsLogger:
+    """metrics.jsonl always; TensorBoard and W&B when asked for (seed 000 §2.7.3)."""
+    r = cfg.run
+    tb_dir = run_dir / "tensorboard"
+    if r.tb_project_name or r.tb_experiment_name:
+        tb_dir = tb_dir / (r.tb_project_name or "rlvr") / (r.tb_experiment_name or run_dir.name)
+    sinks = []
+    if r.use_wandb:
+        from rlvr.observe.wandb_sink import WandbSink
+
+        sinks.append(WandbSink(run_dir, r.wandb_project, r.wandb_mode, r.wandb_group,
+                               run_id=(resume or {}).get("wandb_run_id"), config=cfg.to_dict()))
+    return MetricsLogger(run_dir, use_tensorboard=r.use_tensorboard, tb_dir=tb_dir, sinks=sinks)
+
+
+def resume_point(cfg: Config) -> tuple[Path | None, dict | None]:
+    """The checkpoint ``--load`` names (its newest complete one) and its run state, or (None, None)."""
+    if cfg.run.load is None:
+        return None, None
+    ckpt = find_checkpoint(cfg.run.load)
+    if ckpt is None:
+        log.warning("--load %s: no checkpoint there yet; starting a fresh run", cfg.run.load)
+        return None, None
+    saved = yaml.safe_load((ckpt / "config.yaml").read_text())
+    changed = [f"{g}.{k}" for g, fields in cfg.to_dict().items() if g != "run"
+               for k, v in fields.items() if saved.get(g, {}).get(k, v) != v]
+    if changed:  # allowed (e.g. a new LR), but the run is then no longer the same run
+        log.warning("resuming %s with settings that differ from the checkpoint's: %s", ckpt, ", ".join(changed))
+    return ckpt, read_run_state(ckpt)
+
+
+def restore(c: Components, ckpt: Path, state: dict) -> None:
+    """Put the trainer, engine, data source and RNGs back where the checkpoint left them."""
+    c.trainer.load(ckpt)
+    c.rollout.update_weights(c.trainer.weights(), version=state["rollout_id"])
+    c.rollout.data_source.load_state_dict(state["data_source"])
+    restore_rng(state["rng"], c.rollout.engine)
+    log.info("resumed from %s: rollout %d, train step %d", ckpt, state["rollout_id"], c.trainer.step)
+
+
+def save(cfg: Config, c: Components, done: int, logger: MetricsLogger) -> None:
+    """Checkpoint after ``done`` rollouts (and the plain HF copy ``--save-hf`` asks for)."""
+    state = {"train_step": c.trainer.step, "data_source": c.rollout.data_source.state_dict(),
+             "rng": capture_rng(c.rollout.engine),
+             "wandb_run_id": next((s.run_id for s in logger.sinks if hasattr(s, "run_id")), None)}
+    t0 = time.perf_counter()
+    path = save_checkpoint(cfg.run.save_dir, done, c.trainer, c.tokenizer, state,
+                           yaml.safe_dump(cfg.to_dict(), sort_keys=False), cfg.run.keep_last_k)
+    log.info("saved %s in %.1f s", path, time.perf_counter() - t0)
+    if cfg.run.save_hf and "{rollout_id}" in cfg.run.save_hf:
+        save_hf(c.trainer.model, c.tokenizer, cfg.run.save_hf.format(rollout_id=done))
+
+
+def next_batch(cfg: Config, rollout: Rollout, rollout_id: int) -> RolloutBatch:
+    """Rollout ``rollout_id``: sampled and graded, or replayed from ``--load-debug-rollout-data``;
+    saved to ``--save-debug-rollout-data`` when asked (slime's debug split)."""
+    r = cfg.run
+    if r.load_debug_rollout_data:
+        path = Path(r.load_debug_rollout_data.format(rollout_id=rollout_id))
+        if not path.is_file():
+            raise DataError(str(path), None, f"no saved rollout {rollout_id} (--load-debug-rollout-data)")
+        batch = RolloutBatch.load(path)
+    else:
+        batch = rollout.generate(rollout_id)
+    if r.save_debug_rollout_data:
+        batch.save(r.save_debug_rollout_data.format(rollout_id=rollout_id))
+    return batch
+
+
 def run(cfg: Config, console: bool = True) -> Path:
-    """Train for ``--num-rollout`` rollouts; return the run directory."""
-    run_dir = prepare_run_dir(cfg.run.output_dir)
+    """Train for ``--num-rollout`` rollouts (continuing a ``--load`` checkpoint); return the run directory."""
+    ckpt, resume = resume_point(cfg)
+    run_dir = prepare_run_dir(cfg.run.output_dir, resume)
     cfg.save_yaml(run_dir / "config.yaml")
     c = build(cfg)
+    if ckpt is not None:
+        restore(c, ckpt, resume)
+    start = resume["rollout_id"] if resume else 0
     rollout, trainer = c.rollout, c.trainer
     n_rollout, eval_every, save_every = cfg.run.num_rollout, cfg.eval.eval_interval, cfg.run.save_interval
+    train = not cfg.run.debug_rollout_only
 
     def evaluate(step: int) -> dict[str, float]:
+        """Log ``eval/*`` at ``eval/step``; return them with ``perf/eval_time`` (a rollout-record key)."""
         t0 = time.perf_counter()
         metrics: dict[str, float] = {}
         for name, records in c.eval_sets.items():
             metrics |= rollout.evaluate(name, records, cfg.eval)
-        metrics["perf/eval_time"] = time.perf_counter() - t0
         logger.log(metrics, "eval/step", step)
-        return metrics
+        return metrics | {"perf/eval_time": time.perf_counter() - t0}
 
-    with MetricsLogger(run_dir, use_tensorboard=cfg.run.use_tensorboard) as logger, ConsoleProgress(
-        n_rollout, enabled=console
+    with open_logger(cfg, run_dir, resume) as logger, ConsoleProgress(
+        n_rollout, start=start, enabled=console
     ) as progress:
-        if c.eval_sets and not cfg.eval.skip_eval_before_train:
+        if c.eval_sets and not cfg.eval.skip_eval_before_train and start == 0:
             evaluate(0)
-        for rollout_id in range(n_rollout):
+        for rollout_id in range(start, n_rollout):
             t_step = time.perf_counter()
-            batch = rollout.generate(rollout_id)
-            train_metrics = trainer.train(rollout_id, batch.samples)
-            t0 = time.perf_counter()
-            rollout.update_weights(trainer.weights(), version=rollout_id + 1)
-            perf = {"perf/update_weights_time": time.perf_counter() - t0}
+            batch = next_batch(cfg, rollout, rollout_id)
+            crash_hook(f"rollout:{rollout_id}")  # crash tests only: SIGKILL in the middle of a rollout
+            train_metrics, perf = {}, {}
+            if train:
+                train_metrics = trainer.train(rollout_id, batch.samples)
+                if train_metrics.get("train/skipped_steps"):  # keep the bad rollout for inspection
+                    batch.save(skipped_rollout_path(run_dir, rollout_id))
+                t0 = time.perf_counter()
+                rollout.update_weights(trainer.weights(), version=rollout_id + 1)
+                perf["perf/update_weights_time"] = time.perf_counter() - t0
+                # perf/* go with the rollout record, so the time split of a rollout is one record.
+                perf |= {k: v for k, v in train_metrics.items() if k.startswith("perf/")}
+                logger.log({k: v for k, v in train_metrics.items() if not k.startswith("perf/")},
+                           "train/step", trainer.step)
 
             done = rollout_id + 1
             eval_metrics = {}
             if c.eval_sets and ((eval_every and done % eval_every == 0) or done == n_rollout):
                 eval_metrics = evaluate(done)
-            if (save_every and done % save_every == 0) or done == n_rollout:
-                trainer.save(cfg.run.save_dir / f"rollout_{done:06d}", tokenizer=c.tokenizer, extra={"rollout_id": done})
+                perf["perf/eval_time"] = eval_metrics.pop("perf/eval_time")
             perf["perf/step_time"] = time.perf_counter() - t_step
-
-            logger.log(train_metrics, "train/step", trainer.step)
             logger.log(batch.metrics | perf, "rollout/step", rollout_id)
             write_samples(run_dir / "samples.jsonl", batch)
+            # Saved after everything about this rollout is logged: a resumed run logs nothing twice.
+            if train and ((save_every and done % save_every == 0) or done == n_rollout):
+                save(cfg, c, done, logger)
             progress.advance(rollout_id, batch.metrics | train_metrics | perf | eval_metrics)
+            trainer.guard.raise_if_exhausted(lambda rid: str(skipped_rollout_path(run_dir, rid)))
+    if cfg.run.save_hf and "{rollout_id}" not in cfg.run.save_hf:
+        save_hf(trainer.model, c.tokenizer, cfg.run.save_hf)
     plot_runs([run_dir], run_dir / "curves.png")
     return run_dir
 
@@ -186,11 +355,11 @@ def run_sft(cfg: Config, out_dir: str | Path, console: bool = True) -> Path:
     run_dir = prepare_run_dir(cfg.run.output_dir)
     cfg.save_yaml(run_dir / "config.yaml")
     tokenizer = load_tokenizer(cfg.train.hf_checkpoint)
-    source = DataSource(read_dataset(cfg, d.prompt_data), seed=d.rollout_seed)
+    source = DataSource(open_training_data(cfg, tokenizer), seed=d.rollout_seed)
     trainer = Trainer(cfg.train, cfg.algo, temperature=1.0, total_steps=cfg.run.num_rollout)
 
     def to_sample(r: PromptRecord) -> Sample:
-        text = render_prompt(r.prompt, tokenizer, d.apply_chat_template)
+        text = render_prompt(r.prompt, tokenizer, d.apply_chat_template, d.chat_template_kwargs())
         response = tokenizer(str(r.label), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         return Sample(text, tokenizer(text, add_special_tokens=False)["input_ids"], label=r.label,
                       response_ids=response, loss_mask=[1] * len(response))
@@ -220,6 +389,6 @@ def run_eval(cfg: Config) -> dict[str, float]:
     for name, path in cfg.eval.datasets():
         records = read_dataset(cfg, path)
         rollout = Rollout(cfg.rollout, engine, tokenizer, DataSource(records), Grader(cfg.reward),
-                          apply_chat_template=d.apply_chat_template)
+                          apply_chat_template=d.apply_chat_template, chat_template_kwargs=d.chat_template_kwargs())
         metrics |= rollout.evaluate(name, records, cfg.eval)
     return metrics

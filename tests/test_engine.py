@@ -98,18 +98,24 @@ def _arith_prompts(tok, k):
     return [tok(f"{a}+{a * 7 % 100}=", add_special_tokens=False)["input_ids"] for a in range(10, 10 + k)]
 
 
-def test_trainer_recomputes_engine_log_probs_exactly(setup):
+def test_trainer_recomputes_engine_log_probs_exactly(setup, tiny_qwen2):
     """Acceptance: the trainer's log-probs of the sampled tokens match the engine's (float32):
     mean |diff| <= 1e-5, max <= 1e-3, through joins, departures and shared prefills."""
-    tok, model = setup
-    eng = EmbeddedEngine(model, pad_token_id=tok.pad_token_id, seed=5, max_batch_size=24)
+    from rlvr.algo.config import AlgoConfig
+    from rlvr.config import TrainConfig
+    from rlvr.train.trainer import Trainer
+
+    tok, _ = setup
     temp, rng = 0.8, torch.Generator().manual_seed(0)
+    model = Trainer(TrainConfig(hf_checkpoint=str(tiny_qwen2)), AlgoConfig(), temperature=temp).model
+    eng = EmbeddedEngine(model, pad_token_id=tok.pad_token_id, seed=5, max_batch_size=24)
     reqs = [
         GenerateRequest(p, SamplingParams(temperature=temp, max_new_tokens=int(torch.randint(1, 40, (1,), generator=rng))))
         for p in _arith_prompts(tok, 8) for _ in range(6)
     ]
     results = eng.generate_sync(reqs)
-    samples = [Sample("", r.prompt_ids, response_ids=res.token_ids) for r, res in zip(reqs, results)]
+    samples = [Sample("", r.prompt_ids, response_ids=res.token_ids, loss_mask=[1] * len(res.token_ids))
+               for r, res in zip(reqs, results)]
     width = max(s.response_length for s in samples)
     with torch.no_grad():
         ref, _ = response_log_probs(model, samples, temp, width, with_entropy=False)

@@ -166,6 +166,17 @@ def test_plot_two_runs_one_missing_metrics(tmp_path):
     assert out == tmp_path / "full" / "curves.png"
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    from PIL import Image
+
+    with Image.open(out) as img:
+        img.verify()  # a complete, valid PNG
+    with Image.open(out) as img:
+        assert img.size == (1600, 900)
+        panels = dict(p.split(": ", 1) for p in img.text["Description"].split(" | "))
+    assert list(panels) == ["reward", "eval score", "KL", "entropy", "response length (mean)", "time split (s)"]
+    assert panels["reward"] == "full, partial" and panels["entropy"] == "full, partial"
+    assert panels["eval score"] == "full"  # the partial run has no eval
+    assert "full: perf/train_time" in panels["time split (s)"] and "partial: perf/rollout_time" in panels["time split (s)"]
 
 
 def test_plot_empty_panels_and_custom_out(tmp_path):

@@ -64,7 +64,7 @@ class _Row:
     call: _Call
     index: int  # position in the call
     seq: int  # submission order, for abort()
-    generator: torch.Generator | None
+    generator: torch.Generator  # this request's own sampling stream
     tokens: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
@@ -181,6 +181,15 @@ class EmbeddedEngine:
         worker_ok = self._worker is None or self._worker.is_alive()
         return worker_ok and not self._closed and self._asleep is None
 
+    # ---- checkpoint: the sampling generator, so a resumed run continues the same stream ------
+    def rng_state(self) -> torch.Tensor:
+        with self._cv:  # requests draw their seeds from it under the queue lock
+            return self.generator.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        with self._cv:
+            self.generator.set_state(state)
+
     def sleep(self) -> None:
         """Free the weights (they are the trainer's to keep); ``wake`` + ``update_weights`` restore them."""
         with self._step_lock, self._cv:  # lock order as in the worker: step, then queue
@@ -224,10 +233,13 @@ class EmbeddedEngine:
             if self._closed:
                 raise RuntimeError("generate: the engine is closed")
             for i, r in enumerate(requests):
-                gen = None
-                if r.params.seed is not None:
-                    gen = torch.Generator(device=self.device).manual_seed(r.params.seed)
-                row = _Row(r, call, i, next(self._seq), gen)
+                # Every request samples from a generator of its own, seeded here in submission
+                # order (the engine's stream, or the request's seed): its tokens do not depend on
+                # thread timing or batch company, so a run repeats (and resumes) exactly.
+                seed = r.params.seed
+                if seed is None:
+                    seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))
+                row = _Row(r, call, i, next(self._seq), torch.Generator(device=self.device).manual_seed(seed))
                 key = tuple(r.prompt_ids)
                 if key not in groups:
                     groups[key] = _Group(list(r.prompt_ids), [])
@@ -395,8 +407,7 @@ class EmbeddedEngine:
             torch.tensor([p.temperature for p in params], dtype=torch.float32),
             torch.tensor([p.top_k for p in params], dtype=torch.long),
             torch.tensor([p.top_p for p in params], dtype=torch.float32),
-            self.generator,
-            {i: r.generator for i, r in enumerate(rows) if r.generator is not None},
+            [r.generator for r in rows],
         )
         for r, t, lp in zip(rows, tokens.tolist(), logp.tolist(), strict=True):
             if r.done:

@@ -36,12 +36,12 @@ def sample_next(
     temperature: torch.Tensor,
     top_k: torch.Tensor,
     top_p: torch.Tensor,
-    generator: torch.Generator,
-    row_generators: dict[int, torch.Generator] | None = None,
+    generators: list[torch.Generator],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row. ``logits`` [B, V] float32; ``temperature``/``top_p`` [B] float;
-    ``top_k`` [B] long. Rows listed in ``row_generators`` (per-request seeds) draw from their own
-    generator, the rest from ``generator`` in one call. Returns (tokens [B], log-probs [B])."""
+    ``top_k`` [B] long; ``generators``: one per row. Each row draws its uniform from its own
+    generator (inverse-CDF sampling, batched), so a request's tokens do not depend on which other
+    requests share the batch or on when they joined. Returns (tokens [B], log-probs [B])."""
     greedy = temperature <= 0
     scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(-1)
     logp = scaled.log_softmax(-1)
@@ -49,15 +49,11 @@ def sample_next(
         probs = filter_logits(scaled, top_k, top_p).softmax(-1)
     else:
         probs = logp.exp()
-    tokens = torch.empty(len(logits), dtype=torch.long, device=logits.device)
-    seeded = row_generators or {}
-    shared = [i for i in range(len(logits)) if i not in seeded]
-    if len(shared) == len(logits):
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    elif shared:
-        idx = torch.tensor(shared, device=logits.device)
-        tokens[idx] = torch.multinomial(probs[idx], 1, generator=generator).squeeze(-1)
-    for i, g in seeded.items():
-        tokens[i] = torch.multinomial(probs[i], 1, generator=g)[0]
+    cdf = probs.cumsum(-1)
+    u = torch.stack([torch.rand((), generator=g, device=logits.device) for g in generators])
+    # Scale to the row's total mass (cumsum rounding) and take the first index whose CDF
+    # exceeds it: a zero-probability (filtered) token is never drawn.
+    tokens = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
+    tokens = tokens.clamp(max=logits.shape[-1] - 1)
     tokens = torch.where(greedy, logits.argmax(-1), tokens)
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

@@ -54,7 +54,8 @@ class MetricsLogger:
     """
 
     def __init__(self, run_dir: str | Path, use_tensorboard: bool = False,
-                 tb_dir: str | Path | None = None):
+                 tb_dir: str | Path | None = None, sinks: Iterable = ()):
+        self.sinks = list(sinks)  # more sinks (W&B): ``log(values, step_key, step)`` and ``close()``
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
@@ -94,6 +95,8 @@ class MetricsLogger:
                 if value is not None:
                     self._tb.add_scalar(key, value, global_step=step)
             self._tb.flush()
+        for sink in self.sinks:
+            sink.log(values, step_key, step)
 
     def close(self) -> None:
         if not self._file.closed:
@@ -101,6 +104,9 @@ class MetricsLogger:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
 
     def __enter__(self) -> "MetricsLogger":
         return self

@@ -27,6 +27,7 @@ from rlvr.algo.shaping import overlong_penalty
 from rlvr.config import EvalConfig, RolloutConfig
 from rlvr.data.dataset import DataSource, PromptRecord, render_prompt
 from rlvr.engine.base import Engine, GenerateRequest, GenerateResult, SamplingParams
+from rlvr.observe.metrics import compute_statistics
 from rlvr.registry import resolve
 from rlvr.rewards.grader import Grader
 from rlvr.rollout.filters import FILTERS
@@ -47,10 +48,11 @@ class Rollout:
         data_source: DataSource,
         grader: Grader,
         apply_chat_template: bool = False,
+        chat_template_kwargs: dict | None = None,
     ):
         self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
         self.data_source, self.grader = data_source, grader
-        self.apply_chat_template = apply_chat_template
+        self.apply_chat_template, self.chat_template_kwargs = apply_chat_template, chat_template_kwargs
         self.group_filter = (
             resolve(FILTERS, cfg.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path")
             if cfg.dynamic_sampling_filter_path
@@ -101,10 +103,11 @@ class Rollout:
 
     def evaluate(self, name: str, records: list[PromptRecord], cfg: EvalConfig) -> dict[str, float]:
         """``eval/<name>/score`` (mean reward), ``eval/<name>`` (slime's key), truncated ratio."""
+        greedy = cfg.eval_temperature == 0
         params = SamplingParams(
             temperature=cfg.eval_temperature,
-            top_p=1.0 if cfg.eval_temperature == 0 else self.cfg.rollout_top_p,
-            top_k=-1 if cfg.eval_temperature == 0 else self.cfg.rollout_top_k,
+            top_p=cfg.eval_top_p if cfg.eval_top_p is not None else 1.0 if greedy else self.cfg.rollout_top_p,
+            top_k=cfg.eval_top_k if cfg.eval_top_k is not None else -1 if greedy else self.cfg.rollout_top_k,
             max_new_tokens=cfg.eval_max_response_len or self.cfg.rollout_max_response_len,
             stop_token_ids=self.stop_ids,
         )
@@ -125,7 +128,7 @@ class Rollout:
     def _encode(self, record: PromptRecord) -> tuple[str, list[int]]:
         key = repr(record.prompt)
         if key not in self._prompt_cache:
-            text = render_prompt(record.prompt, self.tokenizer, self.apply_chat_template)
+            text = render_prompt(record.prompt, self.tokenizer, self.apply_chat_template, self.chat_template_kwargs)
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
             self._prompt_cache[key] = (text, ids)
         return self._prompt_cache[key]
@@ -268,9 +271,7 @@ def rollout_metrics(samples: list[Sample], n: int, prefix: str) -> dict[str, flo
         "raw_reward": statistics.fmean(rewards),
         # Fully correct responses (unshaped reward 1.0): the accuracy of 0/1 verifiers.
         "accuracy": statistics.fmean(float(s.metadata.get("score", s.scalar_reward()) >= 1.0) for s in samples),
-        "response_len/mean": statistics.fmean(lengths),
-        "response_len/max": float(max(lengths)),
-        "response_len/min": float(min(lengths)),
+        **{f"response_len/{k}": v for k, v in compute_statistics(lengths).items()},  # mean/median/max/min
         "truncated_ratio": sum(s.status == Status.TRUNCATED for s in samples) / len(samples),
         "reward_errors": float(sum("reward_error" in s.metadata for s in samples)),
     }
@@ -284,4 +285,28 @@ def rollout_metrics(samples: list[Sample], n: int, prefix: str) -> dict[str, flo
         m[f"reward/{k}"] = statistics.fmean(values)
     if n > 1:
         m["zero_std_ratio"] = sum(len(set(g)) == 1 for g in groups) / len(groups)
+    m |= source_metrics(samples)
     return {prefix + k: v for k, v in m.items()}
+
+
+def source_metrics(samples: list[Sample]) -> dict[str, float]:
+    """Per-source statistics, ``<source>/raw_reward`` etc., for samples whose prompt metadata
+    carries ``source_name`` (a mixed dataset); ``{}`` when none does.
+
+    >>> from rlvr.types import Sample
+    >>> s = [Sample("p", [1], metadata={"source_name": "gsm8k"}, reward=1.0, response_ids=[5, 6]),
+    ...      Sample("p", [1], metadata={"source_name": "math"}, reward=0.0, response_ids=[5])]
+    >>> source_metrics(s)["gsm8k/raw_reward"], source_metrics(s)["math/response_len/mean"]
+    (1.0, 1.0)
+    """
+    by_source: dict[str, list[Sample]] = {}
+    for s in samples:
+        if s.metadata.get("source_name") is not None:
+            by_source.setdefault(str(s.metadata["source_name"]), []).append(s)
+    m: dict[str, float] = {}
+    for source, group in sorted(by_source.items()):
+        m[f"{source}/raw_reward"] = statistics.fmean(s.scalar_reward() for s in group)
+        m[f"{source}/response_len/mean"] = statistics.fmean(s.response_length for s in group)
+        m[f"{source}/truncated_ratio"] = sum(s.status == Status.TRUNCATED for s in group) / len(group)
+        m[f"{source}/count"] = float(len(group))
+    return m

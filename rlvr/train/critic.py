@@ -15,14 +15,15 @@ from pathlib import Path
 import torch
 from transformers import AutoModel
 
-from rlvr.train.batching import token_batch
+from rlvr.train.packing import ATTN_IMPLEMENTATION, pack, response_hidden, to_rows
 from rlvr.types import Sample
 
 
 class Critic(torch.nn.Module):
     def __init__(self, checkpoint: str, head_path: str | Path | None = None):
         super().__init__()
-        self.backbone = AutoModel.from_pretrained(checkpoint, dtype=torch.float32).eval()
+        self.backbone = AutoModel.from_pretrained(checkpoint, dtype=torch.float32,
+                                                  attn_implementation=ATTN_IMPLEMENTATION).eval()
         hidden = self.backbone.config.hidden_size
         self.head = torch.nn.Linear(hidden, 1)
         torch.nn.init.zeros_(self.head.weight)  # start at V = 0: no spurious baseline at step 0
@@ -31,15 +32,10 @@ class Critic(torch.nn.Module):
             self.head.load_state_dict(torch.load(head_path, weights_only=True))
 
     def forward(self, samples: list[Sample], width: int) -> torch.Tensor:
-        """Values ``[b, width]`` of each sample's response tokens, right-padded with 0."""
-        seq, attn = token_batch(samples)
-        hidden = self.backbone(input_ids=seq, attention_mask=attn).last_hidden_state
-        values = self.head(hidden.float()).squeeze(-1)
-        out = torch.zeros(len(samples), width)
-        for i, s in enumerate(samples):
-            p, r = len(s.prompt_ids), s.response_length
-            out[i, :r] = values[i, p - 1 : p + r - 1]
-        return out
+        """Values ``[b, width]`` of each sample's response tokens, right-padded with 0 (packed forward)."""
+        batch = pack(samples)
+        values = self.head(response_hidden(self.backbone, batch).float()).squeeze(-1)
+        return to_rows(values, batch, len(samples), width)
 
     def save(self, directory: Path) -> None:
         self.backbone.save_pretrained(directory)

@@ -1,0 +1,47 @@
+"""Shared pieces of the benchmarks: the models and a realistic RL length distribution."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+from rlvr.models.tiny import build_tiny_model
+from rlvr.types import Sample
+
+# "tiny": the demo's model shape (NOTES.md: 4 layers, hidden 256, 2.7M parameters);
+# "20m": the same family scaled to ~19M parameters.
+MODELS = {
+    "tiny": dict(hidden_size=256, intermediate_size=768, num_layers=4, num_heads=4, num_kv_heads=2),
+    "20m": dict(hidden_size=512, intermediate_size=1536, num_layers=6, num_heads=8, num_kv_heads=4),
+}
+
+
+def set_threads(n: int = 2) -> None:
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = str(n)
+    torch.set_num_threads(n)
+
+
+def model_dir(name: str, root: str | Path) -> Path:
+    out = Path(root) / name
+    if not (out / "config.json").is_file():
+        build_tiny_model(out, max_position_embeddings=4096, **MODELS[name])
+    return out
+
+
+def rl_samples(n_prompts: int, n_per_prompt: int, max_response: int, seed: int = 0) -> list[Sample]:
+    """GRPO-shaped samples: prompts of 40-200 tokens shared by their group; response lengths
+    log-normal (median ~max/5, long tail), truncated at ``max_response`` (a reasoning rollout where
+    ~5-10% of responses hit the limit). Rewards alternate so advantages are non-zero."""
+    rng = random.Random(seed)
+    out = []
+    for g in range(n_prompts):
+        prompt = [rng.randrange(0, 256) for _ in range(rng.randint(40, 200))]
+        for j in range(n_per_prompt):
+            r = int(min(max(rng.lognormvariate(0, 0.9) * max_response / 5, 8), max_response))
+            resp = [rng.randrange(0, 256) for _ in range(r)]
+            out.append(Sample("", prompt, response_ids=resp, loss_mask=[1] * r, rollout_log_probs=[-5.5] * r,
+                              reward=float(j % 2), group_index=g, index=len(out)))
+    return out

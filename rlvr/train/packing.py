@@ -1,0 +1,264 @@
+"""Packed sequences: a micro-batch as one row of concatenated samples, and log-probs on it.
+
+Packing (the trainer's layout): the samples of a micro-batch are concatenated into one row with
+no padding; ``position_ids`` restart at 0 for every sample, and attention never crosses samples.
+Samples with the same prompt (a GRPO group) share it: the prompt's tokens appear once, followed by
+each sample's response, and every response attends to the prompt and to itself only -- the same
+arithmetic as running each sample alone, because a causal model's prompt states do not depend on
+the response (prefix sharing; the prompt's gradient is the sum over its responses, as it would be
+with copies). Attention runs through ``rlvr_varlen``, an attention function registered with
+transformers' ``AttentionInterface``: given ``packed_groups`` (the row's layout) it runs SDPA on
+each prompt and each response's slice of q/k/v; packed and unpacked log-probs and gradients agree
+to float rounding (tested). Without ``packed_groups`` it *is* SDPA, so a model copied from the
+trainer (e.g. the embedded engine's) generates exactly as before. A single SDPA with a
+block-diagonal mask would also be exact but materialises an N x N mask and N x N scores per head.
+
+Padding (``pad``) is kept as the reference layout: right-padded to the longest sample of the
+micro-batch, as the first trainer did and as ``benchmarks/train_throughput.py`` compares against.
+
+Log-probs and entropy are computed only where needed: the hidden states that predict response
+tokens are gathered first (token t is predicted at position t - 1), and the output layer and
+softmax run on those rows only, ``chunk_size`` rows at a time (``--log-probs-chunk-size``); under
+autograd each chunk is recomputed in backward, so the full ``[tokens, vocab]`` logits never exist
+at once.
+
+Simplifications: sliding-window attention and logit soft-capping are not supported by the packed
+path (it raises); decoder-only causal LMs only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from rlvr.types import Sample
+
+ATTN_IMPLEMENTATION = "rlvr_varlen"
+
+
+def _bottom_right_causal(q_len: int, k_len: int) -> torch.Tensor:
+    """[q_len, k_len] bool: query i (the last q_len of k_len positions) sees keys <= k_len - q_len + i."""
+    return torch.ones(q_len, k_len, dtype=torch.bool).tril(diagonal=k_len - q_len)
+
+
+SMALL_GROUP = 512  # tokens: a group this short runs as one masked SDPA call (mask <= 512 x 512)
+
+
+def group_mask(prompt: int, responses: list[int]) -> torch.Tensor:
+    """[L, L] bool attention pattern of one packed group (prompt, then its responses): causal,
+    and a response sees only the prompt and itself.
+
+    >>> group_mask(1, [1, 2]).int().tolist()
+    [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]]
+    """
+    seg = torch.repeat_interleave(torch.arange(len(responses) + 1), torch.tensor([prompt, *responses]))
+    pos = torch.arange(seg.numel())
+    return (pos[None, :] <= pos[:, None]) & ((seg[None, :] == seg[:, None]) | (seg[None, :] == 0))
+
+
+def varlen_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """Causal attention within each packed sample. q: [1, H, N, D], k/v: [1, Hkv, N, D];
+    returns ([1, N, H, D], None) like transformers' attention functions.
+
+    ``packed_groups`` lists ``(prompt_len, [response_len, ...])`` in row order: a prompt attends
+    causally to itself; each response attends to its group's prompt and causally to itself, never
+    to another response."""
+    groups = kwargs.get("packed_groups")
+    if groups is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
+        raise NotImplementedError("packed attention: sliding-window and soft-capped attention are not supported")
+    gqa = getattr(module, "num_key_value_groups", 1) > 1  # SDPA repeats k/v heads itself, no copy
+    sdpa = partial(F.scaled_dot_product_attention, scale=scaling, enable_gqa=gqa)
+    # torch.split, not slicing: the backward of a split is one concatenation, while each slice's
+    # backward would write a full-size zero gradient (O(samples x tokens) memory traffic).
+    whole = [prompt + sum(responses) <= SMALL_GROUP for prompt, responses in groups]
+    sizes = [n for (prompt, responses), w in zip(groups, whole)
+             for n in ([prompt + sum(responses)] if w else [prompt, *responses])]
+    pieces = iter(zip(*(t.split(sizes, dim=2) for t in (query, key, value))))
+    out = []
+    for (prompt, responses), w in zip(groups, whole):
+        if w:  # one call for the group, its attention pattern as a mask (causal for a lone sample)
+            q, k, v = next(pieces)
+            lone = len(responses) == 1
+            out.append(sdpa(q, k, v, is_causal=lone, attn_mask=None if lone else group_mask(prompt, responses)))
+            continue
+        pq, pk, pv = next(pieces)
+        out.append(sdpa(pq, pk, pv, is_causal=True))
+        for r in responses:
+            q, k, v = next(pieces)
+            if r:
+                mask = _bottom_right_causal(r, prompt + r)
+                out.append(sdpa(q, torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2), attn_mask=mask))
+    return torch.cat(out, dim=2).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(ATTN_IMPLEMENTATION, varlen_attention)
+AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)  # unpacked calls: SDPA's own masks
+
+
+@dataclass
+class TokenBatch:
+    """A micro-batch laid out for the model, plus where its response tokens are.
+
+    ``src[m]`` is the flat position (in ``[rows * cols]``) whose hidden state predicts response
+    token ``m``, ``targets[m]`` that token's id; ``rows[m], cols[m]`` place it in the right-padded
+    ``[b, width]`` per-token tensors the loss works on.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    src: torch.Tensor
+    targets: torch.Tensor
+    rows: torch.Tensor
+    cols: torch.Tensor
+    model_kwargs: dict = field(default_factory=dict)
+
+    @property
+    def slots(self) -> int:
+        """Positions the model computes (real tokens + padding)."""
+        return self.input_ids.numel()
+
+
+def _index(rows: list[tuple[int, int, list[int], list[int]]]):
+    """``(first_position, row, prompt_positions_end, response token ids)`` per sample ->
+    (src, targets, rows, cols): the flat position predicting each response token (token 0 by the
+    prompt's last position, token t by the response's position t - 1)."""
+    src, targets, out_rows, cols = [], [], [], []
+    for start, row, prompt_last, resp in rows:
+        src.extend([prompt_last] + list(range(start, start + len(resp) - 1)) if resp else [])
+        targets.extend(resp)
+        out_rows.extend([row] * len(resp))
+        cols.extend(range(len(resp)))
+    return tuple(torch.tensor(x, dtype=torch.long) for x in (src, targets, out_rows, cols))
+
+
+def pack(samples: list[Sample], share_prompts: bool = True) -> TokenBatch:
+    """One row ``[1, N]``: for each prompt of the micro-batch, its tokens once, then the response
+    tokens of every sample with that prompt (a GRPO group shares it); positions restart per prompt
+    and continue from the prompt into each response. ``share_prompts=False`` repeats the prompt
+    for every sample (plain packing). Attention: see ``varlen_attention``.
+
+    >>> s = [Sample("", [1, 2], response_ids=[3]), Sample("", [1, 2], response_ids=[5, 6])]
+    >>> b = pack(s)
+    >>> b.input_ids.tolist(), b.position_ids.tolist(), b.model_kwargs["packed_groups"]
+    ([[1, 2, 3, 5, 6]], [[0, 1, 2, 2, 3]], [(2, [1, 2])])
+    >>> b.src.tolist(), b.targets.tolist()
+    ([1, 1, 3], [3, 5, 6])
+    >>> pack(s, share_prompts=False).input_ids.tolist()
+    [[1, 2, 3, 1, 2, 5, 6]]
+    """
+    by_prompt: dict[tuple, list[int]] = {}
+    for i, s in enumerate(samples):
+        by_prompt.setdefault(tuple(s.prompt_ids) if share_prompts else (i,), []).append(i)
+    ids: list[int] = []
+    positions: list[int] = []
+    groups, index = [], []
+    for members in by_prompt.values():
+        prompt = samples[members[0]].prompt_ids
+        ids += prompt
+        positions += range(len(prompt))
+        prompt_last = len(ids) - 1
+        for i in members:
+            resp = samples[i].response_ids
+            index.append((len(ids), i, prompt_last, resp))
+            ids += resp
+            positions += range(len(prompt), len(prompt) + len(resp))
+        groups.append((len(prompt), [samples[i].response_length for i in members]))
+    row = torch.tensor([ids], dtype=torch.long)
+    # An all-ones 2D mask turns off transformers' packed-sequence detection (which would build an
+    # N x N mask); the layout reaches the attention function as packed_groups.
+    return TokenBatch(row, torch.ones_like(row), torch.tensor([positions], dtype=torch.long),
+                      *_index(sorted(index, key=lambda x: x[1])), model_kwargs={"packed_groups": groups})
+
+
+def pad(samples: list[Sample]) -> TokenBatch:
+    """``[b, L]`` right-padded to the longest sample (L), with a 0/1 attention mask.
+
+    >>> b = pad([Sample("", [1, 2], response_ids=[3]), Sample("", [4], response_ids=[5])])
+    >>> b.input_ids.tolist(), b.src.tolist()
+    ([[1, 2, 3], [4, 5, 0]], [1, 3])
+    """
+    width = max(s.total_length for s in samples)
+    ids = torch.zeros(len(samples), width, dtype=torch.long)
+    attn = torch.zeros(len(samples), width, dtype=torch.long)
+    for i, s in enumerate(samples):
+        ids[i, : s.total_length] = torch.tensor(s.prompt_ids + s.response_ids)
+        attn[i, : s.total_length] = 1
+    positions = torch.arange(width).expand(len(samples), width)
+    rows = [(i * width + len(s.prompt_ids), i, i * width + len(s.prompt_ids) - 1, s.response_ids)
+            for i, s in enumerate(samples)]
+    return TokenBatch(ids, attn, positions, *_index(rows))
+
+
+def layout(samples: list[Sample], packed: bool, share_prompts: bool = True) -> TokenBatch:
+    return pack(samples, share_prompts) if packed else pad(samples)
+
+
+def response_hidden(base_model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
+    """Last hidden states ``[M, H]`` at the positions that predict the M response tokens."""
+    hidden = base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                        position_ids=batch.position_ids, **batch.model_kwargs).last_hidden_state
+    return hidden.reshape(-1, hidden.shape[-1])[batch.src]
+
+
+def _chunk_log_probs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+                     with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    logp = (head(hidden).float() / temperature).log_softmax(-1)
+    picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1) if with_entropy else picked.new_zeros(0)
+    return picked, entropy
+
+
+def token_log_probs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+                    with_entropy: bool, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax(head(hidden) / T)[target] ``[M]`` and, optionally, the entropy ``[M]`` of each
+    row's distribution, ``chunk_size`` rows at a time (recomputed in backward under autograd)."""
+    picked, entropy = [], []
+    for a in range(0, hidden.shape[0], chunk_size):
+        args = (head, hidden[a : a + chunk_size], targets[a : a + chunk_size], temperature, with_entropy)
+        if torch.is_grad_enabled() and hidden.requires_grad:
+            lp, ent = checkpoint(_chunk_log_probs, *args, use_reentrant=False)
+        else:
+            lp, ent = _chunk_log_probs(*args)
+        picked.append(lp)
+        entropy.append(ent)
+    if not picked:
+        return hidden.new_zeros(0), (hidden.new_zeros(0) if with_entropy else None)
+    return torch.cat(picked), (torch.cat(entropy) if with_entropy else None)
+
+
+def to_rows(values: torch.Tensor, batch: TokenBatch, n_rows: int, width: int) -> torch.Tensor:
+    """Flat per-response-token ``values [M]`` as right-padded ``[n_rows, width]`` (0 elsewhere);
+    differentiable."""
+    return values.new_zeros(n_rows, width).index_put((batch.rows, batch.cols), values)
+
+
+def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The causal LM's base model (returns hidden states) and its output layer."""
+    config = model.config
+    for name in ("final_logit_softcapping", "logit_scale"):
+        if getattr(config, name, None) not in (None, 1.0):
+            raise NotImplementedError(f"{type(model).__name__}: {name} is not supported by the trainer's log-probs")
+    return getattr(model, model.base_model_prefix), model.get_output_embeddings()
+
+
+def response_log_probs(model: torch.nn.Module, samples: list[Sample], temperature: float, width: int,
+                       with_entropy: bool, chunk_size: int = 1024, packed: bool = True,
+                       share_prompts: bool = True):
+    """Log-probs ``[b, width]`` of each sample's response tokens under ``model`` at ``temperature``
+    (right-padded with 0), and the entropy of each position's distribution when asked (else None)."""
+    base, head = decoder_and_head(model)
+    batch = layout(samples, packed, share_prompts)
+    lp, ent = token_log_probs(head, response_hidden(base, batch), batch.targets, temperature, with_entropy, chunk_size)
+    rows = lambda v: to_rows(v, batch, len(samples), width)  # noqa: E731
+    return rows(lp), (rows(ent) if ent is not None else None)

@@ -1,0 +1,178 @@
+"""Exact resume: a run killed (SIGKILL) mid-rollout and resumed with --load logs the same values as
+an uninterrupted run; a SIGKILL mid-save leaves the previous checkpoint loadable. Real processes
+through the real CLI; ``RLVR_TEST_SIGKILL_AT`` makes the kill land at a chosen point."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlvr.checkpoint import LATEST_FILE, list_checkpoints, read_latest
+
+
+def rlvr(*args, kill_at: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("RLVR_TEST_SIGKILL_AT", None)
+    if kill_at:
+        env["RLVR_TEST_SIGKILL_AT"] = kill_at
+    return subprocess.run([sys.executable, "-m", "rlvr.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+def args(ckpt, train, test, out: Path, *extra) -> list[str]:
+    return ["train", "--hf-checkpoint", str(ckpt), "--prompt-data", str(train), "--rollout-batch-size", "2",
+            "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6", "--num-rollout", "6",
+            "--lr", "1e-3", "--use-kl-loss", "--kl-loss-coef", "0.01", "--global-batch-size", "4",
+            "--eval-prompt-data", "arith", str(test), "--eval-interval", "3", "--n-samples-per-eval-prompt", "2",
+            "--eval-temperature", "1.0", "--save-interval", "2", "--output-dir", str(out),
+            "--save", str(out / "ckpt"), "--load", str(out / "ckpt"), *extra]
+
+
+def values(run_dir: Path) -> dict[tuple[str, int], dict]:
+    """{(step key, step): record without wall-clock fields}; a duplicated step fails the test."""
+    out = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        key = next((k, r[k]) for k in ("rollout/step", "train/step", "eval/step") if k in r)
+        assert key not in out, f"{key} logged twice"
+        out[key] = {k: v for k, v in r.items() if k != "time" and not k.startswith("perf/")}
+    return out
+
+
+@pytest.fixture(scope="module")
+def small_eval(arith_files, tmp_path_factory):
+    test = tmp_path_factory.mktemp("eval") / "test.jsonl"
+    test.write_text("".join(arith_files[1].read_text().splitlines(keepends=True)[:6]))
+    return test
+
+
+@pytest.mark.slow
+def test_sigkill_mid_rollout_then_resume_matches_uninterrupted_run(tiny_qwen2, arith_files, small_eval, tmp_path):
+    train = arith_files[0]
+    full = rlvr(*args(tiny_qwen2, train, small_eval, tmp_path / "full"))
+    assert full.returncode == 0, full.stderr[-3000:]
+
+    killed = rlvr(*args(tiny_qwen2, train, small_eval, tmp_path / "resumed"), kill_at="rollout:4")
+    assert killed.returncode == -signal.SIGKILL
+    assert read_latest(tmp_path / "resumed" / "ckpt") == 4
+    resumed = rlvr(*args(tiny_qwen2, train, small_eval, tmp_path / "resumed"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr and "rollout 4" in resumed.stderr
+    assert "differ from the checkpoint" not in resumed.stderr
+
+    a, b = values(tmp_path / "full"), values(tmp_path / "resumed")
+    assert a.keys() == b.keys()  # same steps, none lost, none twice
+    # Rollouts 5-6 (the trainer logs one record per rollout, at its last optimizer step; 2 per
+    # rollout here) and the final eval were logged only by the resumed process.
+    late = [k for k in a if (k[0] == "rollout/step" and k[1] >= 4) or (k[0] == "train/step" and k[1] > 8)
+            or (k[0] == "eval/step" and k[1] == 6)]
+    assert sorted(late) == [("eval/step", 6), ("rollout/step", 4), ("rollout/step", 5),
+                            ("train/step", 10), ("train/step", 12)]
+    # Not trivially equal: the values move from rollout to rollout.
+    assert a[("train/step", 10)]["train/entropy_loss"] != a[("train/step", 12)]["train/entropy_loss"]
+    assert a[("train/step", 12)]["train/kl_loss"] > 0
+    worst, compared = 0.0, 0
+    for k in a:
+        assert a[k].keys() == b[k].keys(), k
+        for name, x in a[k].items():
+            assert x == pytest.approx(b[k][name], abs=1e-6), (k, name, x, b[k][name])
+            if x is not None and k in late:
+                worst, compared = max(worst, abs(x - b[k][name])), compared + 1
+    print(f"resume: {compared} values after the kill, max |uninterrupted - resumed| = {worst:g}")
+    # The metric streams are one run's: samples.jsonl has each rollout once, config kept.
+    rollouts = [json.loads(line)["rollout_id"] for line in (tmp_path / "resumed" / "samples.jsonl").open()]
+    assert sorted(set(rollouts)) == list(range(6)) and rollouts == sorted(rollouts)
+
+
+@pytest.mark.slow
+def test_sigkill_mid_save_leaves_previous_checkpoint_loadable(tiny_qwen2, arith_files, small_eval, tmp_path):
+    from transformers import AutoTokenizer
+
+    from rlvr.checkpoint import find_checkpoint, read_run_state, save_checkpoint
+    from rlvr.config import parse_config
+    from rlvr.train.trainer import Trainer
+
+    out = tmp_path / "run"
+    argv = args(tiny_qwen2, arith_files[0], small_eval, out, "--num-rollout", "4")
+    killed = rlvr(*argv, kill_at="save:4")
+    assert killed.returncode == -signal.SIGKILL
+    ckpt = out / "ckpt"
+    assert (ckpt / "rollout_000004.tmp" / "model.safetensors").is_file()  # the half-written one
+    assert (ckpt / LATEST_FILE).read_text().strip() == "2"
+    assert [rid for rid, _ in list_checkpoints(ckpt)] == [2]
+
+    # What --load would pick is the previous, complete checkpoint, and it loads.
+    cfg = parse_config(argv[1:])
+    path = find_checkpoint(ckpt)
+    assert path.name == "rollout_000002"
+    trainer = Trainer(cfg.train, cfg.algo, global_batch_size=4, n_samples_per_prompt=4)
+    assert trainer.load(path)["rollout_id"] == 2 and trainer.step == 4
+    state = read_run_state(path)
+    assert state["rollout_id"] == 2 and state["data_source"]["offset"] == 4 and "engine" in state["rng"]
+
+    # The next save replaces the leftover and, with keep-last-k 1, prunes rollout 2.
+    save_checkpoint(ckpt, 3, trainer, AutoTokenizer.from_pretrained(tiny_qwen2), state, "x: 1\n", keep_last_k=1)
+    save_checkpoint(ckpt, 4, trainer, AutoTokenizer.from_pretrained(tiny_qwen2), state, "x: 1\n", keep_last_k=1)
+    assert [rid for rid, _ in list_checkpoints(ckpt)] == [4] and read_latest(ckpt) == 4
+    assert not (ckpt / "rollout_000004.tmp").exists()
+
+
+def test_resume_cuts_records_logged_after_the_checkpoint(tmp_path):
+    """A crash between a checkpoint and the next one leaves records (and maybe a half-written
+    line) that the resumed run will log again: they are cut, the rest is kept as it was."""
+    from rlvr.loop import truncate_streams
+
+    rows = [{"eval/step": 0, "eval/a/score": 0.1}, {"train/step": 2, "train/loss": 1.0},
+            {"rollout/step": 0, "rollout/raw_reward": 0.5}, {"train/step": 4, "train/loss": 0.9},
+            {"eval/step": 2, "eval/a/score": 0.2}, {"rollout/step": 1, "rollout/raw_reward": 0.6},
+            {"train/step": 6, "train/loss": 0.8}, {"rollout/step": 2, "rollout/raw_reward": 0.7}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"train/st')
+    samples = [{"rollout_id": i, "response": "x"} for i in (0, 1, 2)]
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in samples))
+    truncate_streams(tmp_path, rollout_id=2, train_step=4)  # checkpoint after 2 rollouts, 4 steps
+    kept = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert kept == rows[:6]
+    assert [json.loads(line)["rollout_id"] for line in (tmp_path / "samples.jsonl").open()] == [0, 1]
+
+
+def test_load_from_an_empty_directory_starts_fresh(tmp_path, tiny_qwen2, arith_files, caplog):
+    from rlvr.config import parse_config
+    from rlvr.errors import ConfigError
+    from rlvr.loop import resume_point
+
+    cfg = parse_config(["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(arith_files[0]),
+                        "--load", str(tmp_path / "ckpt")])
+    assert resume_point(cfg) == (None, None) and "no checkpoint there yet" in caplog.text
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / LATEST_FILE).write_text("7\n")  # names a checkpoint that is not there
+    with pytest.raises(ConfigError, match="--load: .* names rollout_000007, which is missing or incomplete"):
+        resume_point(cfg)
+
+
+def test_trainer_checkpoint_keeps_bf16_masters_and_a_moved_reference(tiny_qwen2, arith_files, tmp_path):
+    """The HF weights are not all of the trainer's state: --bf16's float32 masters and a reference
+    model moved by --ref-update-interval come back from a checkpoint too."""
+    import torch
+
+    from rlvr.config import parse_config
+    from rlvr.train.trainer import Trainer
+
+    cfg = parse_config(["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(arith_files[0]), "--bf16",
+                        "--use-kl-loss", "--ref-update-interval", "1"])
+    a = Trainer(cfg.train, cfg.algo)
+    with torch.no_grad():
+        for m in a.master:
+            m.add_(1e-4)  # a float32 change too small to show in bfloat16
+        for p in a.ref_model.parameters():
+            p.mul_(0.5)
+    a.step = 3
+    a.save(tmp_path / "ck")
+    b = Trainer(cfg.train, cfg.algo)
+    b.load(tmp_path / "ck")
+    assert b.step == 3
+    assert all(torch.equal(x, y) for x, y in zip(a.master, b.master))
+    assert all(torch.equal(x, y) for x, y in zip(a.ref_model.parameters(), b.ref_model.parameters()))
