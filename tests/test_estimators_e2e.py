@@ -62,9 +62,12 @@ def test_dynamic_sampling_filter_and_tis(tiny_qwen2, arith_files, small_eval, tm
                    "--dynamic-sampling-filter-path", "nonzero_std", "--dynamic-sampling-max-rounds", "2",
                    "--overlong-buffer-len", "2", "--use-tis", "--use-opsm")
     rollout = [r for r in records if "rollout/step" in r]
-    # An untrained model gets every answer wrong: every group is dropped, then reused and counted.
+    # An untrained model gets every answer wrong: a group passes only when the overlong penalty
+    # tells its lengths apart (a sample hit EOS early), which depends on the draws; the rest are
+    # dropped, then reused and counted.
     assert rollout[0]["rollout/dynamic_filter/rounds"] == 2
-    assert rollout[0]["rollout/dynamic_filter/unfilled_groups"] == 4
+    unfilled = rollout[0]["rollout/dynamic_filter/unfilled_groups"]
+    assert 1 <= unfilled <= 4 and rollout[0]["rollout/dynamic_filter/dropped_groups"] >= unfilled
     train = [r for r in records if "train/step" in r][0]
     assert "train/tis" in train and "train/tis_clipfrac" in train and "train/opsm_clipfrac" in train
 
