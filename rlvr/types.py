@@ -56,6 +56,15 @@ class Sample:
         return float(self.reward) if self.reward is not None else 0.0
 
 
+def sample_to_dict(s: Sample) -> dict:
+    """A ``Sample`` as plain Python data (what ``torch.load(weights_only=True)`` reads back)."""
+    return {**asdict(s), "status": s.status.value}
+
+
+def sample_from_dict(d: dict) -> Sample:
+    return Sample(**{**d, "status": Status(d["status"])})
+
+
 @dataclass
 class RolloutBatch:
     rollout_id: int
@@ -77,7 +86,7 @@ class RolloutBatch:
             "rollout_id": self.rollout_id,
             "n_samples_per_prompt": self.n_samples_per_prompt,
             "metrics": self.metrics,
-            "samples": [{**asdict(s), "status": s.status.value} for s in self.samples],
+            "samples": [sample_to_dict(s) for s in self.samples],
         }
         torch.save(data, path)
         return path
@@ -85,5 +94,5 @@ class RolloutBatch:
     @classmethod
     def load(cls, path: str | Path) -> RolloutBatch:
         data = torch.load(path, weights_only=True)
-        samples = [Sample(**{**s, "status": Status(s["status"])}) for s in data["samples"]]
+        samples = [sample_from_dict(s) for s in data["samples"]]
         return cls(data["rollout_id"], samples, data["n_samples_per_prompt"], data["metrics"])

@@ -104,6 +104,18 @@ def test_groups_in_flight_are_aborted_once_enough_are_kept_and_buffered(tiny_qwe
     assert all(any(s.status == Status.ABORTED for s in g) for g in buffered)  # (a sample may have hit EOS)
     assert all(s.reward is None for g in buffered for s in g)  # unfinished groups are not graded
     assert {g[0].prompt for g in buffered}.isdisjoint({s.prompt for s in batch.samples})
+    # the buffer is part of the data source's checkpoint state
+    import io
+
+    import torch
+
+    from rlvr.data.dataset import DataSource
+
+    saved = io.BytesIO()
+    torch.save(rollout.data_source.state_dict(), saved)
+    restored = DataSource(rollout.data_source.records)
+    restored.load_state_dict(torch.load(io.BytesIO(saved.getvalue()), weights_only=True))
+    assert restored.buffer == buffered and restored.offset == rollout.data_source.offset
     # next rollout continues them first, and again aborts what is left in flight
     prompts = [g[0].prompt for g in buffered]
     batch = rollout.generate(1)

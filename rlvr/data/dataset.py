@@ -135,8 +135,8 @@ class DataSource:
 
     The buffer (slime's ``RolloutDataSourceWithBuffer``, seed 000 §2.3.2) holds groups of
     partially generated samples that a rollout aborted with ``--partial-rollout``; the next
-    rollout takes them first (``take_partial``) and continues them. The buffer is not part of
-    ``state_dict``: a run resumed from a checkpoint starts with it empty.
+    rollout takes them first (``take_partial``) and continues them. The buffer is part of
+    ``state_dict``, so a resumed run continues the same partial samples.
     """
 
     def __init__(self, records: Sequence[PromptRecord], shuffle: bool = True, seed: int = 42):
@@ -172,8 +172,14 @@ class DataSource:
         return out
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "offset": self.offset}
+        from rlvr.types import sample_to_dict
+
+        buffer = [[sample_to_dict(s) for s in group] for group in self.buffer]
+        return {"epoch": self.epoch, "offset": self.offset, "buffer": buffer}
 
     def load_state_dict(self, state: dict) -> None:
+        from rlvr.types import sample_from_dict
+
         self.epoch, self.offset = state["epoch"], state["offset"]
+        self.buffer = [[sample_from_dict(s) for s in group] for group in state.get("buffer", [])]
         self._order = self._epoch_order(self.epoch)
