@@ -12,6 +12,7 @@ longer than ``--rollout-max-prompt-len`` tokens is dropped and counted.
 from __future__ import annotations
 
 import logging
+import random
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,7 +128,7 @@ class DataSource:
     """Hands out prompts in epochs (shuffled per epoch by ``seed``), resumably.
 
     ``records`` is any sequence of ``PromptRecord`` (a list, or a ``PromptDataset`` read from disk
-    on demand). The shuffle is a permutation of row positions (``torch.randperm``, 8 bytes a
+    on demand). The shuffle is a permutation of row positions (Python's seeded shuffle, kept as a tensor: 8 bytes a
     prompt), recomputed from ``seed + epoch``, so the order of any epoch is known without storing
     it. ``state_dict()`` / ``load_state_dict()`` carry (epoch, offset) so a resumed run sees the
     same order; the state is a plain dict, so more keys (e.g. a ``buffer`` of partial samples to
@@ -158,7 +159,11 @@ class DataSource:
         n = len(self.records)
         if not self.shuffle:
             return torch.arange(n)
-        return torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + epoch))
+        # Python's shuffle (the order rlvr has always used, so seeded runs keep their data order),
+        # kept as a tensor: 8 bytes a prompt between epochs.
+        order = list(range(n))
+        random.Random(self.seed + epoch).shuffle(order)
+        return torch.tensor(order, dtype=torch.long)
 
     def next_prompts(self, n: int) -> list[PromptRecord]:
         out: list[PromptRecord] = []
