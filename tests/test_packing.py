@@ -89,3 +89,12 @@ def test_packed_shared_prompt_and_chunked_gradients_equal_padded(model, small_gr
     for packed, chunk, share in ((True, 1 << 30, True), (True, 3, True), (True, 1 << 30, False)):
         g = grad(packed, chunk, share)
         assert (g - reference).abs().max() / reference.norm() <= 1e-6
+
+
+def test_log_probs_refuse_a_model_without_the_packed_attention(tiny_qwen2):
+    from transformers import AutoModelForCausalLM
+
+    plain = AutoModelForCausalLM.from_pretrained(tiny_qwen2, attn_implementation="sdpa").eval()
+    s = Sample("p", [1, 2, 3], response_ids=[4, 5], loss_mask=[1, 1])
+    with pytest.raises(ValueError, match="attn_implementation='rlvr_varlen'"):
+        response_log_probs(plain, [s], 1.0, 2, False)

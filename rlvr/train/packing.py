@@ -257,6 +257,10 @@ def response_log_probs(model: torch.nn.Module, samples: list[Sample], temperatur
                        share_prompts: bool = True):
     """Log-probs ``[b, width]`` of each sample's response tokens under ``model`` at ``temperature``
     (right-padded with 0), and the entropy of each position's distribution when asked (else None)."""
+    if getattr(model.config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
+        # Any other attention would let packed samples attend to each other: wrong numbers, silently.
+        raise ValueError(f"response_log_probs needs a model loaded with attn_implementation={ATTN_IMPLEMENTATION!r} "
+                         f"(rlvr.train.trainer.load_policy); this one uses {model.config._attn_implementation!r}")
     base, head = decoder_and_head(model)
     batch = layout(samples, packed, share_prompts)
     lp, ent = token_log_probs(head, response_hidden(base, batch), batch.targets, temperature, with_entropy, chunk_size)
