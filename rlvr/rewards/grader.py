@@ -135,6 +135,7 @@ class Grader:
     def __init__(self, cfg: RewardConfig):
         from rlvr.registry import load_function
 
+        cfg.validate()  # the one place the reward settings are checked (also for score/grade)
         self.cfg = cfg
         self.group_fn: Callable | None = None
         self.parts: dict[str, tuple[Callable, float]] = {}

@@ -88,11 +88,7 @@ class RemoteRM:
     """``--rm-type remote_rm``: rewards from ``--rm-url``, requests batched across samples."""
 
     def __init__(self, cfg: RewardConfig):
-        if not cfg.rm_url:
-            from rlvr.errors import ConfigError
-
-            raise ConfigError("--rm-url", "is required by --rm-type remote_rm")
-        self.cfg = cfg
+        self.cfg = cfg  # RewardConfig.validate requires --rm-url for remote_rm
         self._pending: list[tuple[Sample, asyncio.Future]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -229,11 +225,7 @@ class Judge:
     """``--rm-type judge``: an LLM grades each response through an OpenAI-compatible endpoint."""
 
     def __init__(self, cfg: RewardConfig):
-        if not cfg.judge_url:
-            from rlvr.errors import ConfigError
-
-            raise ConfigError("--judge-url", "is required by --rm-type judge")
-        self.cfg = cfg
+        self.cfg = cfg  # RewardConfig.validate requires --judge-url for judge
         self.url = chat_completions_url(cfg.judge_url)
         self.template = load_judge_template(cfg.judge_prompt_path)
 
