@@ -3,14 +3,30 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 from rlvr.data.arith import make_splits, write_jsonl
 from rlvr.models.tiny import build_tiny_model
+from rlvr.types import Sample
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=1)
+
+
+def random_samples(n: int, seed: int, reward: Callable[[int, random.Random], float]) -> list[Sample]:
+    """``n`` samples of random byte tokens (prompts 3-7, responses 1-9 long) with rollout
+    log-probs -1; ``reward(i, rng)`` gives sample ``i``'s reward."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        prompt = [rng.randrange(0, 256) for _ in range(rng.randint(3, 7))]
+        resp = [rng.randrange(0, 256) for _ in range(rng.randint(1, 9))]
+        out.append(Sample("", prompt, response_ids=resp, loss_mask=[1] * len(resp),
+                          rollout_log_probs=[-1.0] * len(resp), reward=reward(i, rng), index=i))
+    return out
 
 
 @pytest.fixture(scope="session")

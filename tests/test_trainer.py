@@ -1,7 +1,5 @@
 """Trainer: exact gradient accumulation, p0 == q on-policy, SFT and RL steps move the weights."""
 
-import random
-
 import pytest
 import torch
 
@@ -9,17 +7,11 @@ from rlvr.algo import AlgoConfig
 from rlvr.config import TrainConfig
 from rlvr.train.trainer import Trainer
 from rlvr.types import Sample
+from tests.conftest import random_samples
 
 
 def _samples(n=8, seed=0):
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        prompt = [rng.randrange(0, 256) for _ in range(rng.randint(3, 7))]
-        resp = [rng.randrange(0, 256) for _ in range(rng.randint(1, 9))]
-        out.append(Sample("", prompt, response_ids=resp, loss_mask=[1] * len(resp),
-                          rollout_log_probs=[-1.0] * len(resp), reward=float(rng.random() > 0.5), index=i))
-    return out
+    return random_samples(n, seed, lambda i, rng: float(rng.random() > 0.5))
 
 
 def _grad(ckpt, samples, per_token, max_tokens, micro=1, expect_bins=None):

@@ -2,7 +2,6 @@
 reference model, bf16 master weights, recompute, overlong samples and the bad-step guard."""
 
 import math
-import random
 
 import pytest
 import torch
@@ -13,18 +12,11 @@ from rlvr.errors import TrainingStopped
 from rlvr.models.tiny import build_tiny_model
 from rlvr.train.trainer import Trainer
 from rlvr.types import Sample
-from tests.conftest import SMALL
+from tests.conftest import SMALL, random_samples
 
 
 def _samples(n=8, seed=0):
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        prompt = [rng.randrange(0, 256) for _ in range(rng.randint(3, 7))]
-        resp = [rng.randrange(0, 256) for _ in range(rng.randint(1, 9))]
-        out.append(Sample("", prompt, response_ids=resp, loss_mask=[1] * len(resp),
-                          rollout_log_probs=[-1.0] * len(resp), reward=float(i % 2), index=i))
-    return out
+    return random_samples(n, seed, lambda i, rng: float(i % 2))
 
 
 def _trainer(ckpt, algo=None, **train):
