@@ -30,7 +30,7 @@ from rlvr.rewards import deepscaler as _deepscaler  # noqa: E402,F401
 from rlvr.rewards import math as _math  # noqa: E402,F401
 from rlvr.rewards import qa as _qa  # noqa: E402,F401
 from rlvr.rewards import remote as _remote  # noqa: E402,F401
-from rlvr.rewards.grader import Grader, Outcome  # noqa: E402
+from rlvr.rewards.grader import Grader, Outcome, outcome_of  # noqa: E402
 
 
 @functools.lru_cache(maxsize=32)
@@ -49,10 +49,8 @@ def grade(rm_type: str, response: str, label: Any, config: RewardConfig | None =
     cfg = dataclasses.replace(config or RewardConfig(), rm_type=rm_type, custom_rm_path=None, group_rm=False)
     sample = Sample(prompt=metadata.pop("prompt", ""), prompt_ids=[], label=label, metadata=metadata, response=response)
     _grader(cfg).grade_sync([sample])
-    reward = sample.reward
-    outcome = Outcome(float(reward["score"]) if isinstance(reward, dict) else float(reward),
-                      {k: v for k, v in reward.items() if k != "score"} if isinstance(reward, dict) else {},
-                      sample.metadata.get("reward_error"))
+    outcome = outcome_of(sample.reward)  # already checked by the grader: this only unpacks it
+    outcome.error = sample.metadata.get("reward_error")
     return outcome
 
 
