@@ -100,6 +100,10 @@ class RolloutConfig:
     rollout_external_engine_addrs: list[str] = _f([], "host:port of SGLang-protocol servers (rlvr serve, SGLang) instead of the embedded engine")
     rollout_external_engine_timeout: float = _f(600.0, "seconds one request may take on an external engine before it is retried elsewhere")
     rollout_external_engine_retries: int = _f(2, "retries of a request on another external engine after its server failed")
+    rollout_num_engines: int = _f(
+        1, "rollout engines on CPU (on GPUs: --rollout-num-gpus / --rollout-num-gpus-per-engine); Ray actors under --ray, "
+           "server processes in local mode when > 1 or with --use-fault-tolerance"
+    )
 
     def validate(self) -> None:
         from rlvr.registry import resolve
@@ -142,6 +146,8 @@ class RolloutConfig:
                 raise ConfigError("--rollout-external-engine-addrs", f"{addr!r} is not host:port (e.g. 127.0.0.1:30000)")
         if self.rollout_external_engine_timeout <= 0:
             raise ConfigError("--rollout-external-engine-timeout", f"must be > 0, got {self.rollout_external_engine_timeout}")
+        if self.rollout_num_engines < 1:
+            raise ConfigError("--rollout-num-engines", f"must be >= 1, got {self.rollout_num_engines}")
         if self.rollout_external_engine_retries < 0:
             raise ConfigError("--rollout-external-engine-retries", f"must be >= 0, got {self.rollout_external_engine_retries}")
 
