@@ -145,17 +145,20 @@ def _index(rows: list[tuple[int, int, list[int], list[int]]]):
 def pack(samples: list[Sample], share_prompts: bool = True) -> TokenBatch:
     """One row ``[1, N]``: for each prompt of the micro-batch, its tokens once, then the response
     tokens of every sample with that prompt (a GRPO group shares it); positions restart per prompt
-    and continue from the prompt into each response. ``share_prompts=False`` repeats the prompt
-    for every sample (plain packing). Attention: see ``varlen_attention``.
+    and continue from the prompt into each response. A response's last token is left out of the
+    row: it is only ever predicted (by the position before it), and in a causal model no scored
+    position depends on it -- for RL's short responses that is a large share of the positions.
+    ``share_prompts=False`` repeats the prompt for every sample (plain packing). Attention: see
+    ``varlen_attention``.
 
     >>> s = [Sample("", [1, 2], response_ids=[3]), Sample("", [1, 2], response_ids=[5, 6])]
     >>> b = pack(s)
     >>> b.input_ids.tolist(), b.position_ids.tolist(), b.model_kwargs["packed_groups"]
-    ([[1, 2, 3, 5, 6]], [[0, 1, 2, 2, 3]], [(2, [1, 2])])
+    ([[1, 2, 5]], [[0, 1, 2]], [(2, [0, 1])])
     >>> b.src.tolist(), b.targets.tolist()
-    ([1, 1, 3], [3, 5, 6])
+    ([1, 1, 2], [3, 5, 6])
     >>> pack(s, share_prompts=False).input_ids.tolist()
-    [[1, 2, 3, 1, 2, 5, 6]]
+    [[1, 2, 1, 2, 5]]
     """
     by_prompt: dict[tuple, list[int]] = {}
     for i, s in enumerate(samples):
@@ -168,12 +171,15 @@ def pack(samples: list[Sample], share_prompts: bool = True) -> TokenBatch:
         ids += prompt
         positions += range(len(prompt))
         prompt_last = len(ids) - 1
+        inputs = []
         for i in members:
             resp = samples[i].response_ids
             index.append((len(ids), i, prompt_last, resp))
-            ids += resp
-            positions += range(len(prompt), len(prompt) + len(resp))
-        groups.append((len(prompt), [samples[i].response_length for i in members]))
+            # A response's last token predicts nothing that is scored: it is a target, never an input.
+            ids += resp[:-1]
+            positions += range(len(prompt), len(prompt) + len(resp) - 1)
+            inputs.append(max(len(resp) - 1, 0))
+        groups.append((len(prompt), inputs))
     row = torch.tensor([ids], dtype=torch.long)
     # An all-ones 2D mask turns off transformers' packed-sequence detection (which would build an
     # N x N mask); the layout reaches the attention function as packed_groups.
