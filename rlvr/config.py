@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from rlvr.algo.config import AlgoConfig
+from rlvr.distributed.config import ClusterConfig
 from rlvr.errors import ConfigError
 from rlvr.fields import flag_of
 from rlvr.fields import option as _f
@@ -310,6 +311,7 @@ GROUPS: dict[str, type] = {
     "train": TrainConfig,
     "eval": EvalConfig,
     "run": RunConfig,
+    "cluster": ClusterConfig,
 }
 
 
@@ -322,6 +324,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     # ---- derived numbers (seed 000 §2.1) ----------------------------------------------
     @property
@@ -360,6 +363,8 @@ class Config:
                 )
         if not rl:
             return self
+        if self.cluster.ray:
+            self._validate_ray()
         uses_ref = self.algo.use_kl_loss or self.algo.kl_coef != 0
         for name in ("ref_load", "ref_update_interval"):
             if getattr(self.train, name) is not None and not uses_ref:
@@ -372,6 +377,28 @@ class Config:
                 "dcpo needs per-sample confidences: add --rm-type math_confidence --custom-reward-post-process-path dcpo",
             )
         return self
+
+    def _validate_ray(self) -> None:
+        """What ``--ray`` cannot do (yet), refused before any actor starts."""
+        c, world = self.cluster, self.cluster.train_world_size
+        if self.global_batch_size % world:
+            raise ConfigError("--global-batch-size", f"{self.global_batch_size} samples per optimizer step cannot be "
+                                                     f"split evenly across {world} training ranks; make it a multiple of {world}")
+        refused = [
+            ("--rollout-external-engine-addrs", bool(self.rollout.rollout_external_engine_addrs),
+             "Ray engines are embedded engine actors; use external servers in local mode"),
+            ("--advantage-estimator", self.algo.advantage_estimator == "ppo",
+             "ppo's critic is not data-parallel yet; use a critic-free estimator (grpo, rloo, ...) under --ray"),
+            ("--debug-rollout-only", self.run.debug_rollout_only and c.colocate,
+             "nothing trains, so there is nothing to time-share with; drop --colocate"),
+            ("--bf16", self.train.bf16 and c.train_backend == "fsdp",
+             "--train-backend fsdp keeps float32 parameters; drop --bf16 or use ddp"),
+            ("--ref-update-interval", self.train.ref_update_interval is not None and c.train_backend == "fsdp",
+             "not supported with --train-backend fsdp yet; use ddp"),
+        ]
+        for flag, bad, why in refused:
+            if bad:
+                raise ConfigError(flag, f"under --ray: {why}")
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {g: dataclasses.asdict(getattr(self, g)) for g in GROUPS}

@@ -25,6 +25,7 @@ before the update.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import shutil
@@ -54,11 +55,12 @@ from rlvr.algo import (
     policy_loss_name,
 )
 from rlvr.config import TrainConfig
-from rlvr.train.batching import fixed_size, micro_batches, pad_right
+from rlvr.train.batching import first_fit_decreasing, fixed_size, micro_batches, pad_right
 from rlvr.train.critic import Critic
 from rlvr.train.guard import BadStepGuard, bad_step_reason
 from rlvr.train.memory import peak_memory_gb, reset_peak_memory
 from rlvr.train.packing import ATTN_IMPLEMENTATION, response_log_probs
+from rlvr.train.parallel import DataParallel
 from rlvr.train.schedule import lr_at
 from rlvr.types import Sample
 
@@ -110,6 +112,7 @@ class Trainer:
         global_batch_size: int | None = None,
         n_samples_per_prompt: int = 1,
         total_steps: int = 1,
+        parallel: DataParallel | None = None,
     ):
         self.cfg, self.algo = train, algo
         self.total_steps = total_steps  # optimizer steps in the run, for the LR schedule
@@ -129,6 +132,9 @@ class Trainer:
             self.ref_model = ref.requires_grad_(False)
         if train.recompute_activations:
             enable_recompute(self.model)
+        # Data-parallel rank (under --ray): policy forwards go through the DDP/FSDP2-wrapped module.
+        self.dp = parallel
+        self.policy = parallel.wrap(self.model) if parallel is not None else None
         # Master weights: the parameters themselves in float32; float32 copies under --bf16.
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.master = self.params if not train.bf16 else [
@@ -157,6 +163,10 @@ class Trainer:
 
     # ---- what the loop calls --------------------------------------------------------------
     def weights(self) -> dict[str, torch.Tensor]:
+        """The policy's parameters by HF name (data-parallel: whole tensors; FSDP2 gathers them on
+        rank 0, every rank must call)."""
+        if self.dp is not None:
+            return self.dp.full_weights(self.policy, self.model)
         return {n: p.detach() for n, p in self.model.named_parameters()}
 
     def train(self, rollout_id: int, samples: list[Sample]) -> dict[str, float]:
@@ -240,6 +250,8 @@ class Trainer:
             for k, v in step_metrics.items():
                 out[k].append(v)
         interval = self.cfg.ref_update_interval
+        if p0_in_loss and self.dp is not None:  # each rank filled its own rows
+            self.dp.all_reduce_sum_(old_lp)
         if self.ref_model is not None and interval and (rollout_id + 1) % interval == 0:
             self.ref_model.load_state_dict(self.model.state_dict())
         metrics = {f"train/{k}": sum(v) / len(v) for k, v in out.items()}
@@ -272,6 +284,8 @@ class Trainer:
     # ---- internals -------------------------------------------------------------------------
     def _log_probs(self, model, mb: list[Sample], width: int, with_entropy: bool):
         chunk = self.cfg.log_probs_chunk_size if self.cfg.log_probs_chunk_size > 0 else 1 << 62
+        if model is self.model and self.policy is not None:
+            return self.policy(mb, self.temperature, width, with_entropy, chunk, self.packed, self.share_prompts)
         return response_log_probs(model, mb, self.temperature, width, with_entropy, chunk, packed=self.packed,
                                   share_prompts=self.share_prompts)
 
@@ -287,10 +301,19 @@ class Trainer:
         return kept
 
     def _micro_batches(self, samples: list[Sample], idx: list[int]) -> list[list[int]]:
+        """Micro-batches of ``idx`` (data-parallel: of this rank's share, as many on every rank)."""
+        if self.dp is not None:
+            idx = self.dp.share(idx, [samples[i].total_length for i in idx])
+        lengths = [samples[i].total_length for i in idx]
+        cap = self.cfg.max_tokens_per_gpu
         if self.cfg.use_dynamic_batch_size:
-            bins = micro_batches([samples[i].total_length for i in idx], self.cfg.max_tokens_per_gpu)
+            count = len(first_fit_decreasing(lengths, cap)) if lengths else 0
+            bins = micro_batches(lengths, cap, self.dp.agree_count(count) if self.dp is not None else 1)
         else:
             bins = fixed_size(len(idx), self.cfg.micro_batch_size)
+        if self.dp is not None and self.dp.agree_count(len(bins)) != len(bins):
+            raise ValueError(f"rank {self.dp.rank}: {len(idx)} samples make {len(bins)} micro-batches, fewer than "
+                             "another rank's; data-parallel ranks must run as many (raise the batch size)")
         return [[idx[j] for j in b] for b in bins]
 
     def _forward_all(self, forward, samples: list[Sample], kept: set[int], width: int) -> torch.Tensor:
@@ -299,7 +322,7 @@ class Trainer:
         out = torch.zeros(len(samples), width)
         for mb in self._micro_batches(samples, sorted(kept)):
             out[mb] = forward([samples[i] for i in mb]).float()
-        return out
+        return self.dp.all_reduce_sum_(out) if self.dp is not None else out
 
     def _accumulate(self, rollout_id: int, samples: list[Sample], idx: list[int], mask: torch.Tensor,
                     per_token: bool, forward, loss_fn, module: torch.nn.Module,
@@ -315,22 +338,28 @@ class Trainer:
         totals: dict[str, float] = defaultdict(float)
         optimizer.zero_grad(set_to_none=True)
         module.zero_grad(set_to_none=True)
-        for mb in self._micro_batches(samples, idx):
-            loss_tok, tok_metrics = loss_fn(mb, *[t.float() for t in forward([samples[i] for i in mb])])
-            loss = aggregate_loss(loss_tok, mask[mb], per_token, denominator)
-            if self.loss_hook is not None and module is self.model:
-                loss = self.loss_hook(rollout_id, loss)
-            loss.backward()
+        dp = self.dp if module is self.model else None
+        mbs = self._micro_batches(samples, idx)
+        for k, mb in enumerate(mbs):
+            with dp.no_sync(self.policy, last=k == len(mbs) - 1) if dp is not None else contextlib.nullcontext():
+                loss_tok, tok_metrics = loss_fn(mb, *[t.float() for t in forward([samples[i] for i in mb])])
+                loss = aggregate_loss(loss_tok, mask[mb], per_token, denominator)
+                if self.loss_hook is not None and module is self.model:
+                    loss = self.loss_hook(rollout_id, loss)
+                # Data-parallel: DDP/FSDP2 average the ranks' gradients; the loss is already global.
+                (loss * dp.loss_scale if dp is not None else loss).backward()
             totals["loss"] += float(loss.detach())
             for k, v in tok_metrics.items():
                 totals[k] += float(aggregate_loss(v.detach(), mask[mb], per_token, denominator))
+        if dp is not None:  # every rank holds its share of the global batch's sums
+            totals = defaultdict(float, dp.sum_metrics(dict(totals)))
         params = list(optimizer.param_groups[0]["params"])
         if module is self.model and self.master is not self.params:  # --bf16: float32 grads on the masters
             for m, p in zip(self.master, self.params):
                 m.grad = p.grad.float() if p.grad is not None else None
         grads = [p.grad for p in params if p.grad is not None]
-        grad_norm = torch.nn.utils.get_total_norm(grads)
-        totals["grad_norm"] = float(grad_norm)
+        grad_norm = torch.nn.utils.get_total_norm(grads)  # FSDP2: a replicated DTensor (clipping takes it)
+        totals["grad_norm"] = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         c = self.cfg
         scale = lr_at(self.step, self.total_steps, c.lr, c.min_lr, c.lr_decay_style, c.lr_warmup_iters) / c.lr
         for group in optimizer.param_groups:
@@ -359,12 +388,18 @@ class Trainer:
         with PPO, ``critic/``. Written under a temporary name and renamed, so a crash mid-save never
         leaves a half-written checkpoint under the final name."""
         directory = Path(directory)
+        # Data-parallel: whole tensors (a collective under FSDP2), written by rank 0 alone.
+        model_state = self.dp.full_state_dict(self.policy, self.model) if self.dp is not None else None
+        optimizer_state = (self.dp.optimizer_state(self.policy, self.optimizer) if self.dp is not None
+                           else self.optimizer.state_dict())
+        if self.dp is not None and self.dp.rank != 0:
+            return directory
         tmp = directory.with_name(directory.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        self.model.save_pretrained(tmp)
+        self.model.save_pretrained(tmp, state_dict=model_state)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        state = {"optimizer": self.optimizer.state_dict(), "step": self.step, "extra": extra or {},
+        state = {"optimizer": optimizer_state, "step": self.step, "extra": extra or {},
                  "guard_streak": list(self.guard.streak)}
         # What an exact resume needs beyond the HF weights: --bf16's float32 masters, and a
         # reference model that --ref-update-interval has moved away from its starting weights.
@@ -385,9 +420,12 @@ class Trainer:
         reference model, the bad-step streak); returns its ``extra``."""
         directory = Path(directory)
         saved = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
-        self.model.load_state_dict(saved.state_dict())
         state = torch.load(directory / "trainer_state.pt", weights_only=True)
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.dp is not None:  # every rank reads the whole checkpoint; FSDP2 keeps its shards
+            self.dp.load(self.policy, self.model, self.optimizer, saved.state_dict(), state["optimizer"])
+        else:
+            self.model.load_state_dict(saved.state_dict())
+            self.optimizer.load_state_dict(state["optimizer"])
         self.step = state["step"]
         self.guard.streak[:] = [tuple(x) for x in state.get("guard_streak", [])]
         if "master" in state:
