@@ -25,6 +25,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import yaml
 from transformers import AutoTokenizer
@@ -46,10 +47,20 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Components:
+    """What ``run`` drives. Under ``--ray``, ``rollout`` and ``trainer`` are proxies of actor
+    groups with the same methods (``rlvr.distributed``), and ``close`` stops them."""
+
     tokenizer: object
     rollout: Rollout
     trainer: Trainer
     eval_sets: dict[str, list[PromptRecord]]
+    close: Callable[[], None] = lambda: None
+
+    def __enter__(self) -> Components:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def load_tokenizer(path: str):
@@ -93,25 +104,29 @@ def build(cfg: Config) -> Components:
     records = open_training_data(cfg, tokenizer)
     check_fits_micro_batch(cfg, records)
     eval_sets = {name: read_dataset(cfg, path) for name, path in cfg.eval.datasets()}
-    trainer = Trainer(
-        cfg.train,
-        cfg.algo,
-        temperature=cfg.rollout.rollout_temperature,
-        global_batch_size=cfg.global_batch_size,
-        n_samples_per_prompt=cfg.rollout.n_samples_per_prompt,
-        total_steps=cfg.run.num_rollout * cfg.steps_per_rollout,
-    )
+    if cfg.cluster.ray:  # the same components as actor groups on Ray
+        from rlvr.distributed import start_on_ray
+
+        rollout, trainer, close = start_on_ray(cfg)
+        return Components(tokenizer, rollout, trainer, eval_sets, close)
+    trainer = make_trainer(cfg)
     # The engine starts from the trainer's weights, so both hold the same policy at version 0.
-    rollout = Rollout(
-        cfg.rollout,
-        build_engine(cfg, trainer.model, tokenizer),
-        tokenizer,
-        DataSource(records, shuffle=d.rollout_shuffle, seed=d.rollout_seed),
-        Grader(cfg.reward),
-        apply_chat_template=d.apply_chat_template,
-        chat_template_kwargs=d.chat_template_kwargs(),
-    )
+    rollout = make_rollout(cfg, build_engine(cfg, trainer.model, tokenizer), tokenizer, records)
     return Components(tokenizer, rollout, trainer, eval_sets)
+
+
+def make_trainer(cfg: Config, parallel=None) -> Trainer:
+    """The trainer (one data-parallel rank of it when ``parallel`` is given)."""
+    return Trainer(cfg.train, cfg.algo, temperature=cfg.rollout.rollout_temperature,
+                   global_batch_size=cfg.global_batch_size, n_samples_per_prompt=cfg.rollout.n_samples_per_prompt,
+                   total_steps=cfg.run.num_rollout * cfg.steps_per_rollout, parallel=parallel)
+
+
+def make_rollout(cfg: Config, engine, tokenizer, records: PromptDataset) -> Rollout:
+    d = cfg.data
+    return Rollout(cfg.rollout, engine, tokenizer, DataSource(records, shuffle=d.rollout_shuffle, seed=d.rollout_seed),
+                   Grader(cfg.reward), apply_chat_template=d.apply_chat_template,
+                   chat_template_kwargs=d.chat_template_kwargs())
 
 
 def build_engine(cfg: Config, model, tokenizer):
@@ -270,11 +285,7 @@ def run(cfg: Config, console: bool = True) -> Path:
     ckpt, resume = resume_point(cfg)
     run_dir = prepare_run_dir(cfg.run.output_dir, resume)
     cfg.save_yaml(run_dir / "config.yaml")
-    c = build(cfg)
-    if ckpt is not None:
-        restore(c, ckpt, resume)
     start = resume["rollout_id"] if resume else 0
-    rollout, trainer = c.rollout, c.trainer
     n_rollout, eval_every, save_every = cfg.run.num_rollout, cfg.eval.eval_interval, cfg.run.save_interval
     train = not cfg.run.debug_rollout_only
 
@@ -287,9 +298,13 @@ def run(cfg: Config, console: bool = True) -> Path:
         logger.log(metrics, "eval/step", step)
         return metrics | {"perf/eval_time": time.perf_counter() - t0}
 
-    with open_logger(cfg, run_dir, resume) as logger, ConsoleProgress(
+    # The components are closed on every exit (Ray: actors and cluster stopped, also on Ctrl-C).
+    with build(cfg) as c, open_logger(cfg, run_dir, resume) as logger, ConsoleProgress(
         n_rollout, start=start, enabled=console
     ) as progress:
+        rollout, trainer = c.rollout, c.trainer
+        if ckpt is not None:
+            restore(c, ckpt, resume)
         if c.eval_sets and not cfg.eval.skip_eval_before_train and start == 0:
             evaluate(0)
         for rollout_id in range(start, n_rollout):
@@ -322,8 +337,8 @@ def run(cfg: Config, console: bool = True) -> Path:
                 save(cfg, c, done, logger)
             progress.advance(rollout_id, batch.metrics | train_metrics | perf | eval_metrics)
             trainer.guard.raise_if_exhausted(lambda rid: str(skipped_rollout_path(run_dir, rid)))
-    if cfg.run.save_hf and "{rollout_id}" not in cfg.run.save_hf:
-        save_hf(trainer.model, c.tokenizer, cfg.run.save_hf)
+        if cfg.run.save_hf and "{rollout_id}" not in cfg.run.save_hf:
+            save_hf(trainer.model, c.tokenizer, cfg.run.save_hf)
     plot_runs([run_dir], run_dir / "curves.png")
     return run_dir
 

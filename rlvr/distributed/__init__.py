@@ -1,0 +1,63 @@
+"""Ray mode (``--ray``): the same loop, with its trainer and rollout as handles to actor groups.
+
+    placement.py        one placement group: N training bundles (+ M engine bundles unless --colocate)
+    train_group.py      TrainWorker ranks (torch.distributed, DDP / FSDP2) and the RayTrainer proxy
+    rollout_manager.py  RolloutManager actor (data source, grader, Rollout) over M EngineActors; RayRollout proxy
+    weight_sync.py      rank 0 -> object store -> engines, versioned, checksummed
+    failures.py         the first actor failure stops the run, with its traceback
+
+``start_on_ray(cfg)`` returns ``(rollout, trainer, close)``; ``rlvr.loop.build`` puts them in its
+``Components`` and ``run`` calls ``close`` on every exit (normal end, exception, Ctrl-C): actors
+killed, placement group removed, and the local Ray cluster stopped when this run started it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from rlvr.config import Config
+
+log = logging.getLogger(__name__)
+
+
+def start_on_ray(cfg: "Config") -> tuple[object, object, Callable[[], None]]:
+    import ray
+    from ray.util.placement_group import remove_placement_group
+
+    from rlvr.distributed.placement import placement_group, plan, start
+    from rlvr.distributed.rollout_manager import RayRollout
+    from rlvr.distributed.train_group import RayTrainer
+
+    t0 = time.perf_counter()
+    p = plan(cfg.cluster, cfg.cluster.num_engines(cfg.rollout.rollout_num_engines))
+    started = start(cfg.cluster, p)
+    parts: dict[str, object] = {}
+
+    def close() -> None:
+        for name in ("rollout", "trainer"):
+            if name in parts:
+                try:
+                    parts[name].close()
+                except Exception:  # already dead: nothing left to stop
+                    log.debug("closing the %s actors failed", name, exc_info=True)
+        if "pg" in parts:
+            remove_placement_group(parts["pg"])
+        if started:
+            ray.shutdown()
+
+    try:
+        parts["pg"] = placement_group(p)
+        cwd = os.getcwd()
+        parts["trainer"] = RayTrainer(cfg, parts["pg"], p, cwd)
+        parts["rollout"] = RayRollout(cfg, parts["pg"], p, cwd)
+    except BaseException:
+        close()
+        raise
+    c = cfg.cluster
+    log.info("ray: %d %s training ranks and %d engines (%s) up in %.1f s", c.train_world_size, c.train_backend,
+             parts["rollout"].num_engines, "colocated" if c.colocate else "disaggregated", time.perf_counter() - t0)
+    return parts["rollout"], parts["trainer"], close

@@ -1,0 +1,232 @@
+"""The rollout side on Ray: a manager actor owning the data source, the grader and M engine actors.
+
+``RolloutManager`` holds the ordinary ``Rollout`` (prompt groups -> requests -> graded samples,
+dynamic sampling, partial rollouts: all of ``rlvr/rollout`` unchanged) whose engine is an
+``EngineGroup``: the ``Engine`` protocol over M ``EngineActor``s, each an ``EmbeddedEngine`` in
+its own process and bundle. Every ``generate`` call (one prompt group) goes to the engine with
+the fewest outstanding requests, so long and short groups even out across engines.
+
+Engine actors are made by one method, ``EngineGroup.make(i)``, and ``EngineGroup.restart(i)``
+re-creates engine ``i`` and pushes the current weights and version to it: the seam for health
+checks and restarts (issue 9).
+
+Colocated (``--colocate``): after each rollout the engines ``sleep`` (their weights are freed
+while the trainer trains); ``update_weights`` wakes them and loads the new weights.
+
+``RayRollout`` is what the loop holds: ``generate``, ``evaluate``, ``update_weights``,
+``data_source`` (state_dict / load_state_dict) and ``engine`` (the sampling generators' states,
+for checkpoints), each one remote call to the manager.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+import torch
+
+from rlvr.config import Config, EvalConfig
+from rlvr.data.dataset import PromptRecord
+from rlvr.distributed.failures import get_all, get_one
+from rlvr.distributed.placement import Plan, actor_setup, in_bundle
+from rlvr.distributed.weight_sync import WeightMismatch, WeightsRef, checksum
+from rlvr.engine.base import GenerateRequest, GenerateResult
+from rlvr.types import RolloutBatch
+
+
+class EngineActor:
+    """One embedded engine in its own process (an async Ray actor: many generate calls at once,
+    batched together by the engine)."""
+
+    def __init__(self, cfg: Config, index: int, cwd: str):
+        actor_setup(cwd)
+        from rlvr.engine.embedded import EmbeddedEngine
+        from rlvr.loop import load_tokenizer
+
+        tokenizer = load_tokenizer(cfg.train.hf_checkpoint)
+        # Engine i samples from its own stream (seed + i); one engine samples as local mode's does.
+        self.engine = EmbeddedEngine(cfg.train.hf_checkpoint, pad_token_id=tokenizer.pad_token_id,
+                                     seed=cfg.train.seed + index, tokenizer=tokenizer,
+                                     max_batch_size=cfg.rollout.rollout_max_running_requests)
+
+    async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+        return await self.engine.generate(requests)
+
+    def update_weights(self, weights: dict[str, torch.Tensor], version: int, with_checksum: bool) -> str | None:
+        self.engine.wake()  # asleep (colocated): restore the buffers first; awake: nothing to do
+        self.engine.update_weights(weights, version)
+        if not with_checksum:
+            return None
+        held = self.engine.model.state_dict()
+        return checksum({name: held[name] for name in weights})
+
+    def abort(self, rid: str | None = None) -> None:
+        self.engine.abort(rid)
+
+    def sleep(self) -> None:
+        self.engine.sleep()
+
+    def health(self) -> bool:
+        return self.engine.health()
+
+    def rng_state(self) -> torch.Tensor:
+        return self.engine.rng_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        self.engine.set_rng_state(state)
+
+
+class EngineGroup:
+    """The ``Engine`` protocol over M engine actors, balanced by outstanding requests."""
+
+    def __init__(self, cfg: Config, pg, p: Plan, cwd: str, n: int):
+        self.cfg, self.pg, self.plan, self.cwd = cfg, pg, p, cwd
+        self.actors = [self.make(i) for i in range(n)]
+        self.outstanding = [0] * n
+        self.version = 0
+        self.weights_ref = None  # the last weights pushed (a restarted engine gets them too)
+
+    def make(self, i: int):
+        """Create engine actor ``i`` in its bundle (version 0: the ``--hf-checkpoint`` weights)."""
+        return ray.remote(EngineActor).options(**in_bundle(self.pg, self.plan.engine_bundles[i],
+                                                           self.plan.engine_share)).remote(self.cfg, i, self.cwd)
+
+    def restart(self, i: int) -> None:
+        """Replace engine ``i`` by a new actor holding the current weights (the seam for issue 9's
+        health checks)."""
+        ray.kill(self.actors[i])
+        self.actors[i] = self.make(i)
+        self.outstanding[i] = 0
+        if self.weights_ref is not None:
+            get_one(self.actors[i].update_weights.remote(self.weights_ref, self.version, False))
+
+    async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+        i = min(range(len(self.actors)), key=self.outstanding.__getitem__)
+        self.outstanding[i] += len(requests)
+        try:
+            return await self.actors[i].generate.remote(requests)
+        finally:
+            self.outstanding[i] -= len(requests)
+
+    def update_weights(self, weights_ref, version: int, with_checksum: bool = False) -> list[str | None]:
+        sums = get_all([a.update_weights.remote(weights_ref, version, with_checksum) for a in self.actors])
+        self.weights_ref, self.version = weights_ref, version
+        return sums
+
+    def abort(self, rid: str | None = None) -> None:
+        get_all([a.abort.remote(rid) for a in self.actors])
+
+    def sleep(self) -> None:
+        get_all([a.sleep.remote() for a in self.actors])
+
+    def health(self) -> bool:
+        return all(get_all([a.health.remote() for a in self.actors]))
+
+    @property
+    def weight_version(self) -> int:
+        return self.version
+
+    def rng_state(self) -> list[torch.Tensor]:
+        return get_all([a.rng_state.remote() for a in self.actors])
+
+    def set_rng_state(self, states: list[torch.Tensor]) -> None:
+        if len(states) != len(self.actors):
+            raise ValueError(f"the checkpoint holds {len(states)} engine sampler states, this run has "
+                             f"{len(self.actors)} engines; resume with the same --rollout-num-engines")
+        get_all([a.set_rng_state.remote(s) for a, s in zip(self.actors, states)])
+
+
+class RolloutManager:
+    """The rollout side in one actor: data source, grader, ``Rollout``, and the engine group."""
+
+    def __init__(self, cfg: Config, pg, p: Plan, cwd: str):
+        actor_setup(cwd)
+        from rlvr.loop import load_tokenizer, make_rollout, open_training_data
+
+        self.cfg = cfg
+        tokenizer = load_tokenizer(cfg.train.hf_checkpoint)
+        n = cfg.cluster.num_engines(cfg.rollout.rollout_num_engines)
+        self.engines = EngineGroup(cfg, pg, p, cwd, n)
+        self.rollout = make_rollout(cfg, self.engines, tokenizer, open_training_data(cfg, tokenizer))
+
+    def ready(self) -> int:
+        """Wait for every engine to load; returns the engine count."""
+        self.engines.health()
+        return len(self.engines.actors)
+
+    def generate(self, rollout_id: int) -> RolloutBatch:
+        batch = self.rollout.generate(rollout_id)
+        if self.cfg.cluster.colocate:  # the trainer trains next, in the same bundles
+            self.engines.sleep()
+        return batch
+
+    def evaluate(self, name: str, records: list[PromptRecord], cfg: EvalConfig) -> dict[str, float]:
+        return self.rollout.evaluate(name, records, cfg)
+
+    def update_weights(self, refs: list, version: int) -> list[str | None]:
+        """``refs`` = [weights ref, checksum ref or None] (wrapped in a list so that Ray hands the
+        refs over instead of fetching the weights into this actor)."""
+        weights_ref, checksum_ref = refs
+        expected = ray.get(checksum_ref) if checksum_ref is not None else None
+        sums = self.engines.update_weights(weights_ref, version, with_checksum=expected is not None)
+        bad = [i for i, s in enumerate(sums) if expected is not None and s != expected]
+        if bad:
+            raise WeightMismatch(f"--check-weight-update-equal: after the sync to version {version}, engines {bad} "
+                                 f"hold weights whose checksum differs from the trainer's ({expected})")
+        return sums
+
+    def restart_engine(self, i: int) -> None:
+        self.engines.restart(i)
+
+    def data_source_state(self) -> dict:
+        return self.rollout.data_source.state_dict()
+
+    def load_data_source_state(self, state: dict) -> None:
+        self.rollout.data_source.load_state_dict(state)
+
+    def rng_state(self) -> list[torch.Tensor]:
+        return self.engines.rng_state()
+
+    def set_rng_state(self, states: list[torch.Tensor]) -> None:
+        self.engines.set_rng_state(states)
+
+
+class _Remote:
+    """A driver-side stand-in whose methods are calls to the manager (``data_source``, ``engine``)."""
+
+    def __init__(self, manager, **methods: str):
+        self._manager, self._methods = manager, methods
+
+    def __getattr__(self, name: str):
+        if name.startswith("_") or name not in self._methods:
+            raise AttributeError(name)
+        method = getattr(self._manager, self._methods[name])
+        return lambda *args: get_one(method.remote(*args))
+
+
+class RayRollout:
+    """The loop's rollout in Ray mode."""
+
+    def __init__(self, cfg: Config, pg, p: Plan, cwd: str):
+        self.cfg = cfg
+        self.manager = ray.remote(RolloutManager).options(num_cpus=0).remote(cfg, pg, p, cwd)
+        self.num_engines = get_one(self.manager.ready.remote())
+        self.data_source = _Remote(self.manager, state_dict="data_source_state", load_state_dict="load_data_source_state")
+        self.engine = _Remote(self.manager, rng_state="rng_state", set_rng_state="set_rng_state")
+        self.last_checksums: list[str | None] = []
+
+    def generate(self, rollout_id: int) -> RolloutBatch:
+        return get_one(self.manager.generate.remote(rollout_id))
+
+    def evaluate(self, name: str, records: list[PromptRecord], cfg: EvalConfig) -> dict[str, float]:
+        return get_one(self.manager.evaluate.remote(name, records, cfg))
+
+    def update_weights(self, weights: WeightsRef, version: int) -> None:
+        call = self.manager.update_weights.remote([weights.weights, weights.checksum], version)
+        self.last_checksums = get_all([call, *weights.others])[0]
+
+    def restart_engine(self, i: int) -> None:
+        get_one(self.manager.restart_engine.remote(i))
+
+    def close(self) -> Any:
+        ray.kill(self.manager)

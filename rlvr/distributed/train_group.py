@@ -1,0 +1,150 @@
+"""The training group: N Ray actors, one ``Trainer`` each, forming one torch.distributed group.
+
+Each ``TrainWorker`` is a rank (gloo on CPU; NCCL once GPUs are placed) holding the ordinary
+single-process ``Trainer`` with a ``DataParallel`` strategy (DDP or FSDP2, ``--train-backend``):
+every rank receives the whole rollout (one object-store copy), computes the advantages of all
+of it (cheap; group statistics need whole groups) and trains on its share, split by token count
+with ``--balance-data`` (``rlvr/train/parallel.py``). The result equals the single-process
+trainer's on the same global batch (tests/test_ray.py).
+
+``RayTrainer`` is what the loop holds in Ray mode: the methods the loop calls on a ``Trainer``
+(``train``, ``weights``, ``step``, ``guard``, ``save``, ``load``, ``model``), each fanned out to
+every rank and gathered with ``get_all`` (first failure raised at once).
+
+Colocated (``--colocate``): after handing its weights over, each rank frees its gradients (the
+memory the engines then use); on GPUs this is where optimizer state would move to host memory.
+"""
+
+from __future__ import annotations
+
+import socket
+from datetime import timedelta
+from pathlib import Path
+
+import ray
+import torch
+
+from rlvr.config import Config
+from rlvr.distributed.failures import get_all
+from rlvr.distributed.placement import Plan, actor_setup, in_bundle
+from rlvr.distributed.weight_sync import WeightsRef, checksum
+from rlvr.train.guard import BadStepGuard
+from rlvr.types import Sample
+
+PROCESS_GROUP_TIMEOUT = timedelta(minutes=10)  # a rank stuck longer than this in a collective fails
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class TrainWorker:
+    """One training rank (a Ray actor)."""
+
+    def __init__(self, cfg: Config, rank: int, world_size: int, cwd: str):
+        actor_setup(cwd)
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.trainer = None
+
+    def address(self) -> tuple[str, int]:
+        """Rank 0's address for the process group's rendezvous."""
+        return ray.util.get_node_ip_address(), free_port()
+
+    def setup(self, host: str, port: int) -> int:
+        import torch.distributed as dist
+
+        from rlvr.loop import make_trainer
+        from rlvr.train.parallel import DataParallel
+
+        backend = "nccl" if self.cfg.cluster.uses_gpus else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
+                                world_size=self.world_size, timeout=PROCESS_GROUP_TIMEOUT)
+        self.trainer = make_trainer(self.cfg, DataParallel(self.cfg.cluster.train_backend, self.cfg.train.balance_data))
+        return self.trainer.step
+
+    def train(self, rollout_id: int, samples: list[Sample]) -> tuple[dict, list, int]:
+        metrics = self.trainer.train(rollout_id, samples)
+        return metrics, list(self.trainer.guard.streak), self.trainer.step
+
+    def weights(self, with_checksum: bool) -> tuple[dict[str, torch.Tensor] | None, str | None]:
+        """Rank 0: the whole policy (and its checksum); other ranks take part in FSDP2's gather."""
+        weights = self.trainer.weights()
+        if self.cfg.cluster.colocate:  # the engines are about to wake in this memory
+            self.trainer.model.zero_grad(set_to_none=True)
+        if self.rank != 0:
+            return None, None
+        # Copies: Ray serialises after the method returns, and the live parameters must not move under it.
+        weights = {k: v.detach().clone() for k, v in weights.items()}
+        return weights, checksum(weights) if with_checksum else None
+
+    def gradients(self) -> dict[str, torch.Tensor] | None:
+        """The last optimizer step's gradients, whole (FSDP2: gathered), on rank 0 (tests compare them)."""
+        grads = {n: p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad.clone()
+                 for n, p in self.trainer.model.named_parameters() if p.grad is not None}
+        return grads if self.rank == 0 else None
+
+    def save(self, directory: str, extra: dict) -> None:
+        self.trainer.save(directory, extra=extra)
+
+    def load(self, directory: str) -> tuple[dict, int, list]:
+        extra = self.trainer.load(directory)
+        return extra, self.trainer.step, list(self.trainer.guard.streak)
+
+
+class RayTrainer:
+    """The loop's trainer in Ray mode: the same methods, fanned out to the ranks."""
+
+    def __init__(self, cfg: Config, pg, p: Plan, cwd: str):
+        self.cfg = cfg
+        world = cfg.cluster.train_world_size
+        cls = ray.remote(TrainWorker)
+        self.workers = [cls.options(**in_bundle(pg, p.train_bundles[r], p.train_share)).remote(cfg, r, world, cwd)
+                        for r in range(world)]
+        host, port = get_all([self.workers[0].address.remote()])[0]
+        self.step = get_all([w.setup.remote(host, port) for w in self.workers])[0]
+        self.guard = BadStepGuard(cfg.train.max_consecutive_skipped_steps)
+
+    def train(self, rollout_id: int, samples: list[Sample]) -> dict[str, float]:
+        ref = ray.put(samples)  # one copy in the object store, read by every rank
+        metrics, streak, self.step = get_all([w.train.remote(rollout_id, ref) for w in self.workers])[0]
+        self.guard.streak[:] = [tuple(s) for s in streak]
+        return metrics
+
+    def weights(self) -> WeightsRef:
+        """Object-store refs of rank 0's weights (never fetched by the driver); the other ranks'
+        calls ride along so that a failure among them surfaces too."""
+        check = self.cfg.cluster.check_weight_update_equal
+        calls = [w.weights.options(num_returns=2).remote(check) for w in self.workers]
+        weights, digest = calls[0]
+        return WeightsRef(weights, digest if check else None, others=[c[0] for c in calls[1:]])
+
+    def gradients(self) -> dict[str, torch.Tensor]:
+        return get_all([w.gradients.remote() for w in self.workers])[0]
+
+    def save(self, directory: str | Path, tokenizer=None, extra: dict | None = None) -> Path:
+        get_all([w.save.remote(str(directory), extra or {}) for w in self.workers])
+        if tokenizer is not None:
+            tokenizer.save_pretrained(directory)
+        return Path(directory)
+
+    def load(self, directory: str | Path) -> dict:
+        extra, self.step, streak = get_all([w.load.remote(str(directory)) for w in self.workers])[0]
+        self.guard.streak[:] = [tuple(s) for s in streak]
+        return extra
+
+    @property
+    def model(self):
+        """The current policy as a local HF model (``--save-hf``): rank 0's weights, fetched once."""
+        from transformers import AutoModelForCausalLM
+
+        ref = self.weights()
+        weights = get_all([ref.weights, *ref.others])[0]
+        model = AutoModelForCausalLM.from_pretrained(self.cfg.train.hf_checkpoint, dtype=torch.float32)
+        model.load_state_dict(weights, strict=False)  # tied aliases (lm_head = embeddings) follow
+        return model
+
+    def close(self) -> None:
+        for w in self.workers:
+            ray.kill(w)
