@@ -54,6 +54,8 @@ def start_on_ray(cfg: "Config") -> tuple[object, object, Callable[[], None]]:
         cwd = os.getcwd()
         parts["trainer"] = RayTrainer(cfg, parts["pg"], p, cwd)
         parts["rollout"] = RayRollout(cfg, parts["pg"], p, cwd)
+        parts["trainer"].setup()  # both sides load at once
+        parts["rollout"].setup()
     except BaseException:
         close()
         raise

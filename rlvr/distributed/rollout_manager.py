@@ -210,10 +210,14 @@ class RayRollout:
     def __init__(self, cfg: Config, pg, p: Plan, cwd: str):
         self.cfg = cfg
         self.manager = ray.remote(RolloutManager).options(num_cpus=0).remote(cfg, pg, p, cwd)
-        self.num_engines = get_one(self.manager.ready.remote())
+        self.num_engines = 0
         self.data_source = _Remote(self.manager, state_dict="data_source_state", load_state_dict="load_data_source_state")
         self.engine = _Remote(self.manager, rng_state="rng_state", set_rng_state="set_rng_state")
         self.last_checksums: list[str | None] = []
+
+    def setup(self) -> None:
+        """Wait for the manager and every engine to load."""
+        self.num_engines = get_one(self.manager.ready.remote())
 
     def generate(self, rollout_id: int) -> RolloutBatch:
         return get_one(self.manager.generate.remote(rollout_id))

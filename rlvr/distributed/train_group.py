@@ -102,9 +102,13 @@ class RayTrainer:
         cls = ray.remote(TrainWorker)
         self.workers = [cls.options(**in_bundle(pg, p.train_bundles[r], p.train_share)).remote(cfg, r, world, cwd)
                         for r in range(world)]
+        self.step = 0
+        self.guard = BadStepGuard(cfg.train.max_consecutive_skipped_steps)
+
+    def setup(self) -> None:
+        """Form the process group and load the model on every rank (waits for the actors)."""
         host, port = get_all([self.workers[0].address.remote()])[0]
         self.step = get_all([w.setup.remote(host, port) for w in self.workers])[0]
-        self.guard = BadStepGuard(cfg.train.max_consecutive_skipped_steps)
 
     def train(self, rollout_id: int, samples: list[Sample]) -> dict[str, float]:
         ref = ray.put(samples)  # one copy in the object store, read by every rank
