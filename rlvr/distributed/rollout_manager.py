@@ -29,7 +29,7 @@ from rlvr.config import Config, EvalConfig
 from rlvr.data.dataset import PromptRecord
 from rlvr.distributed.failures import get_all, get_one
 from rlvr.distributed.placement import Plan, actor_setup, in_bundle
-from rlvr.distributed.weight_sync import WeightMismatch, WeightsRef, checksum
+from rlvr.distributed.weight_sync import WeightMismatch, WeightsRef, checksum, from_store
 from rlvr.engine.base import GenerateRequest, GenerateResult
 from rlvr.types import RolloutBatch
 
@@ -52,7 +52,9 @@ class EngineActor:
     async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         return await self.engine.generate(requests)
 
-    def update_weights(self, weights: dict[str, torch.Tensor], version: int, with_checksum: bool) -> str | None:
+    def update_weights(self, stored: dict, version: int, with_checksum: bool) -> str | None:
+        """Load weights read from the object store (``weight_sync.to_store``'s form)."""
+        weights = from_store(stored)
         self.engine.wake()  # asleep (colocated): restore the buffers first; awake: nothing to do
         self.engine.update_weights(weights, version)
         if not with_checksum:

@@ -27,7 +27,7 @@ import torch
 from rlvr.config import Config
 from rlvr.distributed.failures import get_all
 from rlvr.distributed.placement import Plan, actor_setup, in_bundle
-from rlvr.distributed.weight_sync import WeightsRef, checksum
+from rlvr.distributed.weight_sync import WeightsRef, checksum, from_store, to_store
 from rlvr.train.guard import BadStepGuard
 from rlvr.types import Sample
 
@@ -75,9 +75,9 @@ class TrainWorker:
             self.trainer.model.zero_grad(set_to_none=True)
         if self.rank != 0:
             return None, None
-        # Copies: Ray serialises after the method returns, and the live parameters must not move under it.
-        weights = {k: v.detach().clone() for k, v in weights.items()}
-        return weights, checksum(weights) if with_checksum else None
+        # No copy here: Ray serialises the return value into the object store before this actor
+        # runs anything else, so the parameters cannot change under it.
+        return to_store(weights), checksum(weights) if with_checksum else None
 
     def gradients(self) -> dict[str, torch.Tensor] | None:
         """The last optimizer step's gradients, whole (FSDP2: gathered), on rank 0 (tests compare them)."""
@@ -144,7 +144,7 @@ class RayTrainer:
         from transformers import AutoModelForCausalLM
 
         ref = self.weights()
-        weights = get_all([ref.weights, *ref.others])[0]
+        weights = from_store(get_all([ref.weights, *ref.others])[0])
         model = AutoModelForCausalLM.from_pretrained(self.cfg.train.hf_checkpoint, dtype=torch.float32)
         model.load_state_dict(weights, strict=False)  # tied aliases (lm_head = embeddings) follow
         return model

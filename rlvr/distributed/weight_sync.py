@@ -16,9 +16,11 @@ group (NCCL) between rank 0 and the engines is the faster path there and is not 
 from __future__ import annotations
 
 import hashlib
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 
 
@@ -37,6 +39,21 @@ def checksum(named_tensors: Mapping[str, torch.Tensor]) -> str:
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
         h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
+
+
+def to_store(named_tensors: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """Tensors as numpy arrays where the dtype allows (not bfloat16): Ray stores numpy buffers
+    out of band and readers map them from shared memory without a copy, where a pickled tensor
+    is copied once more on every read."""
+    return {k: v.detach().cpu().numpy() if v.dtype != torch.bfloat16 else v.detach().cpu()
+            for k, v in named_tensors.items()}
+
+
+def from_store(named: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """``to_store``'s inverse: read-only tensors over the store's memory (copy them before writing)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "not writable": only read, by copy_ into the model
+        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in named.items()}
 
 
 @dataclass(frozen=True)

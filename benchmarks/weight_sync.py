@@ -1,0 +1,66 @@
+"""Weight sync under Ray: trainer rank 0 -> object store -> M engine actors, for the ~20M model.
+
+Starts a local Ray cluster with 2 DDP training ranks and 2 embedded engines (disaggregated),
+then times ``rollout.update_weights(trainer.weights(), version)`` -- exactly what the loop times
+as ``perf/update_weights_time`` -- with and without ``--check-weight-update-equal`` (which also
+checksums both ends and compares). Prints the median of ``--repeats`` syncs.
+
+    .venv/bin/python benchmarks/weight_sync.py [--model 20m] [--engines 2] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+from benchmarks.common import model_dir
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="20m")
+    ap.add_argument("--engines", type=int, default=2)
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--backend", default="ddp", choices=["ddp", "fsdp"])
+    ap.add_argument("--repeats", type=int, default=5)
+    a = ap.parse_args()
+
+    from rlvr.config import parse_config
+    from rlvr.data.arith import make_splits, write_jsonl
+    from rlvr.distributed import start_on_ray
+
+    root = tempfile.mkdtemp(prefix="rlvr-weight-sync-")
+    ckpt = model_dir(a.model, root)
+    prompts = write_jsonl(make_splits(n_test=10)[0][:50], f"{root}/train.jsonl")
+    cfg = parse_config(["--hf-checkpoint", str(ckpt), "--prompt-data", str(prompts), "--rollout-batch-size", "2",
+                        "--n-samples-per-prompt", "2", "--ray", "--actor-num-cpu-workers-per-node", str(a.ranks),
+                        "--rollout-num-engines", str(a.engines), "--train-backend", a.backend])
+    t0 = time.perf_counter()
+    rollout, trainer, close = start_on_ray(cfg)
+    print(f"ray up: {a.ranks} {a.backend} ranks + {a.engines} engines in {time.perf_counter() - t0:.1f} s")
+    try:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        n_params = sum(p.numel() for p in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(ckpt)).parameters())
+        print(f"model {a.model}: {n_params / 1e6:.1f}M parameters, {n_params * 4 / 2**20:.0f} MiB float32")
+        version = 0
+        for check in (False, True):
+            trainer.cfg.cluster.check_weight_update_equal = check
+            times = []
+            for _ in range(a.repeats):
+                version += 1
+                t = time.perf_counter()
+                rollout.update_weights(trainer.weights(), version)
+                times.append(time.perf_counter() - t)
+            sums = rollout.last_checksums
+            verdict = f"checksums equal on all {len(sums)} engines" if check else "no checksum"
+            print(f"update_weights ({verdict}): median {statistics.median(times) * 1e3:.0f} ms, "
+                  f"min {min(times) * 1e3:.0f} ms, max {max(times) * 1e3:.0f} ms over {a.repeats}")
+    finally:
+        close()
+
+
+if __name__ == "__main__":
+    main()
