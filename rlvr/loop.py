@@ -99,7 +99,6 @@ def open_training_data(cfg: Config, tokenizer) -> PromptDataset:
 
 
 def build(cfg: Config) -> Components:
-    d = cfg.data
     tokenizer = load_tokenizer(cfg.train.hf_checkpoint)
     records = open_training_data(cfg, tokenizer)
     check_fits_micro_batch(cfg, records)

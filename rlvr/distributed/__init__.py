@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def start_on_ray(cfg: "Config") -> tuple[object, object, Callable[[], None]]:
+def start_on_ray(cfg: Config) -> tuple[object, object, Callable[[], None]]:
     import ray
     from ray.util.placement_group import remove_placement_group
 
