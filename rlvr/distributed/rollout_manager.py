@@ -131,7 +131,9 @@ class EngineGroup:
     def rng_state(self) -> list[torch.Tensor]:
         return get_all([a.rng_state.remote() for a in self.actors])
 
-    def set_rng_state(self, states: list[torch.Tensor]) -> None:
+    def set_rng_state(self, states: list[torch.Tensor] | torch.Tensor) -> None:
+        if isinstance(states, torch.Tensor):  # a local-mode checkpoint: one engine's state
+            states = [states]
         if len(states) != len(self.actors):
             raise ValueError(f"the checkpoint holds {len(states)} engine sampler states, this run has "
                              f"{len(self.actors)} engines; resume with the same --rollout-num-engines")
