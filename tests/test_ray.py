@@ -115,6 +115,27 @@ def test_colocated_with_resume(ray_cluster, tiny_qwen2, arith_files, small_eval,
 
 
 @pytest.mark.slow
+def test_colocated_engines_sleep_while_training_and_restart(ray_cluster, tiny_qwen2, arith_files, small_eval, tmp_path):
+    """Driven through the components the loop uses: engines are asleep (no weights) once a
+    rollout is sampled, awake with the trainer's exact weights after the sync; an engine
+    re-created by ``restart_engine`` (issue 9's seam) gets the current weights and samples."""
+    from rlvr.loop import build
+
+    cfg = parse_config(ray_args(tiny_qwen2, arith_files[0], small_eval, tmp_path / "run") + ["--colocate"])
+    with build(cfg) as c:
+        assert c.rollout.health() == [True, True]
+        batch = c.rollout.generate(0)
+        assert c.rollout.health() == [False, False]  # asleep while the ranks train
+        c.trainer.train(0, batch.samples)
+        c.rollout.update_weights(c.trainer.weights(), version=1)
+        assert c.rollout.health() == [True, True]
+        assert len(set(c.rollout.last_checksums)) == 1 and None not in c.rollout.last_checksums
+        c.rollout.restart_engine(1)
+        assert c.rollout.health() == [True, True]
+        assert {v for s in c.rollout.generate(1).samples for v in s.weight_versions} == {1}
+
+
+@pytest.mark.slow
 def test_fsdp(ray_cluster, tiny_qwen2, arith_files, small_eval, tmp_path):
     out, dump = tmp_path / "run", str(tmp_path / "dump" / "rollout_{rollout_id}.pt")
     argv = ray_args(tiny_qwen2, arith_files[0], small_eval, out) + ["--train-backend", "fsdp"]

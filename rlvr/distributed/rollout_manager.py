@@ -20,8 +20,6 @@ for checkpoints), each one remote call to the manager.
 
 from __future__ import annotations
 
-from typing import Any
-
 import ray
 import torch
 
@@ -121,8 +119,9 @@ class EngineGroup:
     def sleep(self) -> None:
         get_all([a.sleep.remote() for a in self.actors])
 
-    def health(self) -> bool:
-        return all(get_all([a.health.remote() for a in self.actors]))
+    def health(self) -> list[bool]:
+        """Per engine: alive, awake and holding weights (a dead actor raises ``RayActorError``)."""
+        return get_all([a.health.remote() for a in self.actors])
 
     @property
     def weight_version(self) -> int:
@@ -182,6 +181,9 @@ class RolloutManager:
     def restart_engine(self, i: int) -> None:
         self.engines.restart(i)
 
+    def health(self) -> list[bool]:
+        return self.engines.health()
+
     def data_source_state(self) -> dict:
         return self.rollout.data_source.state_dict()
 
@@ -236,5 +238,8 @@ class RayRollout:
     def restart_engine(self, i: int) -> None:
         get_one(self.manager.restart_engine.remote(i))
 
-    def close(self) -> Any:
+    def health(self) -> list[bool]:
+        return get_one(self.manager.health.remote())
+
+    def close(self) -> None:
         ray.kill(self.manager)
