@@ -68,7 +68,7 @@ class TrainWorker:
         metrics = self.trainer.train(rollout_id, samples)
         return metrics, list(self.trainer.guard.streak), self.trainer.step
 
-    def weights(self, with_checksum: bool) -> tuple[dict[str, torch.Tensor] | None, str | None]:
+    def weights(self, with_checksum: bool) -> tuple[dict | None, str | None]:
         """Rank 0: the whole policy (and its checksum); other ranks take part in FSDP2's gather."""
         weights = self.trainer.weights()
         if self.cfg.cluster.colocate:  # the engines are about to wake in this memory
