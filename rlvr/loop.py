@@ -22,6 +22,7 @@ training.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -120,9 +121,20 @@ def build(cfg: Config) -> Components:
 
 
 def build_engine(cfg: Config, model, tokenizer):
-    """The embedded engine on ``model`` (a module or a checkpoint path), or a client of the
-    ``--rollout-external-engine-addrs`` servers (started on the same checkpoint: version 0)."""
+    """The embedded engine on ``model`` (a module or a checkpoint path), a client of the
+    ``--rollout-external-engine-addrs`` servers (started on the same checkpoint: version 0), or
+    supervised server processes of ``--hf-checkpoint`` (``--rollout-num-engines`` > 1 or
+    ``--use-fault-tolerance``; the trainer starts from that checkpoint too: version 0)."""
     r = cfg.rollout
+    if r.uses_engine_processes:  # supervised `rlvr serve` processes (restarted with --use-fault-tolerance)
+        from rlvr.engine.supervisor import EngineSupervisor
+
+        checkpoint = model if isinstance(model, (str, Path)) else cfg.train.hf_checkpoint
+        return EngineSupervisor(
+            str(checkpoint), r.rollout_num_engines, fault_tolerance=r.use_fault_tolerance,
+            health_check_interval=r.rollout_health_check_interval, health_check_timeout=r.rollout_health_check_timeout,
+            max_restarts=r.rollout_max_engine_restarts, seed=cfg.train.seed,
+            max_running_requests=r.rollout_max_running_requests, log_dir=Path(cfg.run.output_dir) / "engines")
     if r.rollout_external_engine_addrs:
         from rlvr.engine.client import HttpEngine
 
@@ -270,6 +282,16 @@ def next_batch(cfg: Config, rollout: Rollout, rollout_id: int) -> RolloutBatch:
     return batch
 
 
+@contextlib.contextmanager
+def closing_engine(engine):
+    """Close the engine at the end of the run (stops its worker thread or its server processes)."""
+    try:
+        yield engine
+    finally:
+        if hasattr(engine, "close"):
+            engine.close()
+
+
 def batch_source(cfg: Config, c: Components, start: int) -> SyncBatches | AsyncProducer:
     """Where batches come from: generated on request, or by the ``--async`` producer thread."""
     a, r = cfg.asynchronous, cfg.rollout
@@ -302,7 +324,7 @@ def run(cfg: Config, console: bool = True) -> Path:
         logger.log(metrics, "eval/step", step)
         return metrics | {"perf/eval_time": time.perf_counter() - t0}
 
-    with batch_source(cfg, c, start) as source, open_logger(cfg, run_dir, resume) as logger, ConsoleProgress(
+    with closing_engine(rollout.engine), batch_source(cfg, c, start) as source, open_logger(cfg, run_dir, resume) as logger, ConsoleProgress(
         n_rollout, start=start, enabled=console
     ) as progress:
         if c.eval_sets and not cfg.eval.skip_eval_before_train and start == 0:

@@ -97,6 +97,8 @@ class Rollout:
         out = rollout_metrics(samples, n, prefix="rollout/")
         out["perf/rollout_time"] = elapsed
         out["perf/rollout_tokens_per_s"] = sum(s.response_length for s in samples) / max(elapsed, 1e-9)
+        if hasattr(self.engine, "stats"):  # e.g. the supervisor's engine restarts
+            out |= self.engine.stats()
         # Trained at policy version rollout_id: a sample is as stale as its oldest token.
         staleness = [rollout_id - min(s.weight_versions) for s in samples if s.weight_versions]
         if staleness:
