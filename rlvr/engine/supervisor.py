@@ -107,11 +107,16 @@ class EngineSupervisor:
         self._abort_epoch = 0  # requests submitted before the last abort() come back aborted
         self._aborted_rids: set[str] = set()
         self._closed = threading.Event()
-        procs = [self._launch(slot) for slot in self.slots]
-        for slot, (proc, url) in zip(self.slots, procs):
-            self._wait_ready(proc, url, slot)
-            slot.proc, slot.url, slot.up = proc, url, True
-            slot.last_probe = time.monotonic()
+        procs = [self._launch(slot) for slot in self.slots]  # all start at once, then each is awaited
+        try:
+            for slot, (proc, url) in zip(self.slots, procs):
+                self._wait_ready(proc, url, slot)
+                slot.proc, slot.url, slot.up = proc, url, True
+                slot.last_probe = time.monotonic()
+        except RuntimeError:
+            for proc, _ in procs:
+                self._kill(proc)
+            raise
         atexit.register(self.close)
         self._monitor = threading.Thread(target=self._monitor_loop, name="rlvr-engine-monitor", daemon=True)
         if fault_tolerance or num_engines > 1:
