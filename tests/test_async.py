@@ -145,3 +145,28 @@ def test_async_config_rules(tiny_qwen2, arith_files, tmp_path):
     yaml_file.write_text("async: true\nmax-staleness: 2\n")
     cfg = parse_config(base + ["--config", str(yaml_file)])
     assert cfg.asynchronous.async_train and cfg.asynchronous.max_staleness == 2
+
+
+@pytest.mark.slow
+def test_async_checkpoint_keeps_untrained_groups_and_resume_trains_each_once(tiny_qwen2, arith_files, tmp_path):
+    """An async checkpoint puts the groups in flight or ready back in the data source's buffer;
+    a run resumed from it (the later rollouts logged by the first run are cut) re-generates them,
+    and over the whole history every drawn group is trained exactly once."""
+    from rlvr.checkpoint import find_checkpoint, read_run_state
+
+    out = tmp_path / "run"
+    flags = ["--async", "--max-staleness", "1", "--rollout-concurrency", "8", "--save-interval", "2"]
+    run(parse_config(_args(tiny_qwen2, arith_files, out, *flags, "--num-rollout", "3")), console=False)
+    ckpt = out / "checkpoints" / "rollout_000002"
+    buffered = {g[0]["uid"].split("/")[0] for g in read_run_state(ckpt)["data_source"]["buffer"]}
+    trained_before = {r["uid"].split("/")[0] for r in _ledger(out) if r["trained"] and r["rollout_id"] < 2}
+    assert buffered and not buffered & trained_before  # pending at the checkpoint, not yet trained
+    (out / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("2")  # as if rollout 2 crashed
+    assert find_checkpoint(out / "checkpoints") == ckpt
+    run(parse_config(_args(tiny_qwen2, arith_files, out, *flags, "--num-rollout", "5", "--load",
+                           str(out / "checkpoints"))), console=False)
+    rows = _ledger(out)
+    assert sorted({r["rollout_id"] for r in rows if r["trained"]}) == [0, 1, 2, 3, 4]
+    _check_exactly_once(rows, n=2, batch=4)
+    assert buffered <= {r["uid"].split("/")[0] for r in rows if r["trained"] and r["rollout_id"] >= 2} | \
+        {r["uid"].split("/")[0] for r in rows if not r["trained"]}

@@ -181,7 +181,8 @@ class EngineSupervisor:
     def close(self) -> None:
         if self._closed.is_set():
             return
-        self._closed.set()
+        with self._lock:  # a restart in progress sees the flag before it installs its process
+            self._closed.set()
         for slot in self.slots:
             if slot.proc is not None and slot.proc.poll() is None:
                 self._kill(slot.proc, graceful=True)
@@ -344,6 +345,9 @@ class EngineSupervisor:
                 self._kill(proc)
             return  # still down: the monitor tries again (and counts it)
         with self._lock:
+            if self._closed.is_set():  # closed while it was starting: it must not outlive the run
+                self._kill(proc)
+                return
             slot.proc, slot.url, slot.up = proc, url, True
             slot.probe_started, slot.last_probe = None, time.monotonic()
             self.events.append({"time": time.time(), "slot": slot.index, "pid": proc.pid, "event": "restarted",
@@ -365,7 +369,7 @@ class EngineSupervisor:
 
     def _wait_ready(self, proc: subprocess.Popen, url: str, slot: Slot) -> None:
         deadline = time.monotonic() + STARTUP_TIMEOUT
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self._closed.is_set():
             if proc.poll() is not None:
                 raise RuntimeError(f"engine {slot.index} exited with {proc.returncode} at start; "
                                    f"see {self.log_dir / f'engine{slot.index}.log'}")
@@ -373,7 +377,7 @@ class EngineSupervisor:
                 return
             time.sleep(0.1)
         self._kill(proc)
-        raise RuntimeError(f"engine {slot.index} did not answer /health within {STARTUP_TIMEOUT:.0f} s")
+        raise RuntimeError(f"engine {slot.index} did not answer /health within {STARTUP_TIMEOUT:.0f} s (or closed)")
 
     @staticmethod
     def _probe_once(url: str, timeout: float) -> bool:
