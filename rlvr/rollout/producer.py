@@ -12,22 +12,28 @@ point 4: async is a strategy passed to the same driver, not a second loop):
 ``AsyncProducer`` (seed 003 §3.2, slime's fully-async rollout) runs a thread with its own
 asyncio loop beside the trainer. It keeps ``--rollout-concurrency`` prompt *groups* in flight
 (each group is ``--n-samples-per-prompt`` requests, graded as soon as its last response is back)
-and files finished groups in a buffer; ``next_batch`` returns as soon as
-``--rollout-batch-size`` groups are ready. Every token carries the weight version that sampled
+and files finished groups in a buffer; ``next_batch`` returns as soon as a batch of
+``--rollout-batch-size`` groups is ready (see "batch selection" below). Every token carries the weight version that sampled
 it (the engine returns one per token); a sample's *staleness* when trained at version ``r`` is
 ``r - min(its token versions)``.
 
-The staleness bound ``--max-staleness K`` is kept twice:
-- admission (AReaL's rule, Fu et al. 2025): a group is started only if, were it delivered in
-  submission order, the batch it lands in would be trained at a version at most ``K`` ahead of the
-  engine's weights: ``next_batch_version + ahead // batch_size - engine_version <= K`` with
-  ``ahead`` the groups already in flight or ready. ``K = 0`` therefore waits for each push, which
-  makes training exactly on-policy.
-- at delivery: groups finish out of order (the long tail), so ``next_batch`` takes the ready
-  groups with the oldest tokens first, and a group that would still exceed ``K`` is never
-  trained: it is reset and *re-generated* from its prompt (``rollout/stale_regenerated_groups``).
-  Nothing is dropped silently; every group drawn from the data source is trained exactly once,
-  or is still pending when the run ends (``pending_groups``).
+The staleness bound ``--max-staleness K`` is a *deadline*: a group started while the engine
+holds version ``e`` must be trained at a version ``<= e + K`` (its tokens are then at most K
+versions old, whatever the order groups finish in). It is kept by:
+- admission (AReaL's rule, Fu et al. 2025): a new group starts only if, trained after every
+  group not yet trained, it would meet its deadline: ``next_version + ahead // batch_size - e
+  <= K``. So the groups due by any version always fit the batches before it, and ``K = 0``
+  waits for each push: exactly on-policy.
+- batch selection: a batch takes the groups with the earliest deadlines. Groups due before the
+  batch's last deadline must be in it -- the trainer waits for one still in flight -- so a long
+  response (the tail) is trained late but within its deadline, never starved or re-generated
+  away (which would bias training towards short responses); the rest of the batch is whichever
+  groups due at that deadline are ready first.
+- a last check: a group past its deadline anyway (a push that came late) is *re-generated* from
+  its prompt, never trained (``rollout/stale_regenerated_groups``).
+Nothing is dropped silently; every group drawn from the data source is trained exactly once, or
+is still pending when the run ends (``pending_groups``; a checkpoint puts those back in the data
+source's buffer, so a resumed run generates them again).
 
 A weight push reaches the engine from the producer's thread. ``--weight-update-inflight abort``
 aborts the requests in flight, applies the weights and continues them as partial rollouts (their
@@ -36,7 +42,7 @@ later tokens carry the new version; ``--mask-offpolicy-in-partial-rollout`` mask
 the weights (the trainer does not wait in either case). Off-policy corrections (TIS/ICE-POP/OPSM)
 need nothing more: each sample keeps the engine's log-probs (q) of the weights that sampled it.
 
-Seam for Ray: the producer needs only an object with ``Rollout``'s methods ``next_groups``,
+Seam for Ray: the producer needs only an object with ``Rollout``'s ``cfg`` and methods ``next_groups``,
 ``run_group``, ``sampling_params``, ``make_batch``, ``group_filter``, ``data_source`` and
 ``engine`` (``abort``, ``update_weights``); a rollout-manager actor can host it unchanged.
 """
@@ -52,7 +58,7 @@ from typing import Mapping
 
 import torch
 
-from rlvr.types import RolloutBatch, Sample, Status, sample_from_dict, sample_to_dict
+from rlvr.types import RolloutBatch, Sample, Status, sample_to_dict
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +122,8 @@ class AsyncProducer:
         self._ready: list[list[Sample]] = []  # finished, graded groups
         self._retry: deque[list[Sample]] = deque()  # groups to continue (aborted) or re-generate (stale)
         self._in_flight: dict[asyncio.Task, list[Sample]] = {}
+        # group uid -> the last version it may be trained at: K after the version it started on
+        self._deadline: dict[str, int] = {}
         self._next_version = version  # the policy version the next batch is trained at
         self.engine_version = version  # the weights the engine holds
         self._pending_weights: tuple[dict[str, torch.Tensor], int] | None = None
@@ -140,22 +148,48 @@ class AsyncProducer:
                 if self._error is not None:
                     raise RuntimeError("the rollout producer failed") from self._error
                 self._regenerate_stale(rollout_id)
-                if len(self._ready) >= self.batch_size:
+                groups = self._select()
+                if groups is not None:
                     break
                 self._cv.wait(timeout=1.0)
-            # Oldest tokens first; equally old groups in draw order (a group's uid is its draw number).
-            self._ready.sort(key=lambda g: (min_version(g, self.engine_version), int(g[0].group_uid or 0)))
-            groups, self._ready = self._ready[: self.batch_size], self._ready[self.batch_size:]
+            taken = {id(g) for g in groups}
+            self._ready = [g for g in self._ready if id(g) not in taken]
+            for g in groups:
+                del self._deadline[g[0].group_uid]
             self._next_version = rollout_id + 1
             extra, self._counts = self._counts, dict.fromkeys(COUNTS, 0.0)
             extra |= {"rollout/in_flight_groups": float(len(self._in_flight)),
-                              "rollout/ready_groups": float(len(self._ready)),
-                              "rollout/engine_version": float(self.engine_version),
-                              "perf/rollout_wait_time": time.perf_counter() - t0}
+                      "rollout/ready_groups": float(len(self._ready)),
+                      "rollout/engine_version": float(self.engine_version),
+                      "perf/rollout_wait_time": time.perf_counter() - t0}
         self._notify()  # room for more groups
         now = time.perf_counter()
         elapsed, self._last_take = now - self._last_take, now
         return self.rollout.make_batch(rollout_id, groups, elapsed, extra)
+
+    def _select(self) -> list[list[Sample]] | None:
+        """The next batch, earliest deadlines first, or None while it is not complete. Holds ``_cv``.
+
+        Among all groups not yet trained (ready, in flight, waiting to continue), the batch is
+        the ``batch_size`` with the earliest deadlines: every group whose deadline is before the
+        last one taken (D) must be in it -- the trainer waits for those still in flight, so a long
+        response is trained late but never starved -- and the rest are ready groups due at D, in
+        draw order (a group's uid is its draw number). Admission keeps the groups due by any
+        version few enough to fit (module docstring)."""
+        b = self.batch_size
+        ready = {id(g) for g in self._ready}
+        pending = self._ready + list(self._in_flight.values()) + list(self._retry)
+        if len(pending) < b:
+            return None
+        order = sorted(pending, key=lambda g: (self._deadline[g[0].group_uid], id(g) not in ready))
+        last = self._deadline[order[b - 1][0].group_uid]
+        must = [g for g in order if self._deadline[g[0].group_uid] < last]
+        if any(id(g) not in ready for g in must):
+            return None
+        due = sorted((g for g in self._ready if self._deadline[g[0].group_uid] == last), key=_draw)
+        if len(must) + len(due) < b:
+            return None
+        return sorted(must, key=lambda g: (self._deadline[g[0].group_uid], _draw(g))) + due[: b - len(must)]
 
     def update_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
         """Hand the producer new weights; it applies them to the engine on its own thread (a copy
@@ -249,27 +283,27 @@ class AsyncProducer:
                 self._file(task)
 
     def _admissible(self) -> bool:
-        """May one more group start now without risking staleness above K (module docstring)?"""
+        """May one more group start now without risking staleness above K (module docstring)?
+        Continuations always may (within the concurrency): they were admitted before."""
         with self._cv:
             if len(self._in_flight) >= self.concurrency:
                 return False
-            return self._landing_version() - self.engine_version <= self.max_staleness
+            return bool(self._retry) or self._landing_version() - self.engine_version <= self.max_staleness
 
     def _landing_version(self) -> int:
-        """The version a group started now is trained at, if groups are delivered in the order
-        they start. Holds ``_cv``."""
-        return self._next_version + (len(self._ready) + len(self._in_flight)) // self.batch_size
+        """The version a new group started now is trained at if every group not yet trained is
+        trained before it. Holds ``_cv``."""
+        return self._next_version + (len(self._ready) + len(self._in_flight) + len(self._retry)) // self.batch_size
 
     def _next_group(self) -> list[Sample]:
         """A group to continue or re-generate, else a resumed run's pending group, else a new one."""
         with self._cv:
-            if self._retry:
-                group = self._retry.popleft()
-                if self._landing_version() - min_version(group, self.engine_version) > self.max_staleness:
-                    group = self._stale_reset(group)  # its older tokens would break the bound
-                return group
+            if self._retry:  # a continuation keeps its deadline (admitted already)
+                return self._retry.popleft()
             buffered = self.rollout.data_source.take_partial(1)
-            return buffered[0] if buffered else self.rollout.next_groups(1)[0]
+            group = buffered[0] if buffered else self.rollout.next_groups(1)[0]
+            self._deadline[group[0].group_uid] = self.engine_version + self.max_staleness
+            return group
 
     def _launch(self, group: list[Sample], params) -> None:
         task = asyncio.ensure_future(self.rollout.run_group(group, params, True))
@@ -287,6 +321,7 @@ class AsyncProducer:
                 self._retry.append(group)
             elif self.rollout.group_filter is not None and not self.rollout.group_filter(group):
                 self._counts["rollout/dynamic_filter/dropped_groups"] += 1
+                del self._deadline[group[0].group_uid]
             else:
                 self._ready.append(group)
             self._cv.notify_all()
@@ -294,10 +329,14 @@ class AsyncProducer:
     def _regenerate_stale(self, version: int) -> None:
         """Reset ready groups that would be trained more than K versions after their oldest
         token, and queue them to be sampled again from their prompt. Holds ``_cv``."""
-        stale = [g for g in self._ready if version - min_version(g, version) > self.max_staleness]
+        late = [g for g in self._ready + list(self._retry) if self._deadline[g[0].group_uid] < version]
+        stale = [g for g in late if version - min_version(g, version) > self.max_staleness]
+        for g in late:  # ones without tokens yet just get a new deadline
+            self._deadline[g[0].group_uid] = self.engine_version + self.max_staleness
         if not stale:
             return
         self._ready = [g for g in self._ready if not any(g is s for s in stale)]
+        self._retry = deque(g for g in self._retry if not any(g is s for s in stale))
         self._retry.extendleft(self._stale_reset(g) for g in reversed(stale))
         log.info("%d groups would be trained more than --max-staleness %d versions old; re-generating them",
                  len(stale), self.max_staleness)
@@ -323,9 +362,16 @@ class AsyncProducer:
         log.debug("weights v%d on the engine in %.2f s", version, time.perf_counter() - t0)
 
     def _stale_reset(self, group: list[Sample]) -> list[Sample]:
-        """The group with its responses dropped, to be sampled again (counted). Holds ``_cv``."""
+        """The group with its responses dropped, to be sampled again (counted) with a new
+        deadline. Holds ``_cv``."""
         self._counts["rollout/stale_regenerated_groups"] += 1
+        self._deadline[group[0].group_uid] = self.engine_version + self.max_staleness
         return fresh_copy(group)
 
 
-__all__ = ["AsyncProducer", "SyncBatches", "fresh_copy", "min_version", "sample_from_dict"]
+def _draw(group: list[Sample]) -> int:
+    """The draw number of a group (its uid): equally due groups are trained in draw order."""
+    return int(group[0].group_uid or 0)
+
+
+__all__ = ["AsyncProducer", "SyncBatches", "fresh_copy", "min_version"]
