@@ -178,7 +178,8 @@ def prepare_run_dir(output_dir: str, resume: dict | None = None) -> Path:
     if resume is not None:
         truncate_streams(run_dir, resume["rollout_id"], resume["train_step"])
         return run_dir
-    old = [run_dir / n for n in ("metrics.jsonl", "samples.jsonl", "ledger.jsonl", "tensorboard", "wandb", "curves.png", "config.yaml")]
+    old = [run_dir / n for n in ("metrics.jsonl", "samples.jsonl", "ledger.jsonl", "tensorboard", "wandb",
+                                 "curves.png", "config.yaml")]
     old = [p for p in old if p.exists()]
     if old:
         stamp, k = time.strftime("%Y%m%d-%H%M%S"), 0
@@ -324,9 +325,12 @@ def run(cfg: Config, console: bool = True) -> Path:
         logger.log(metrics, "eval/step", step)
         return metrics | {"perf/eval_time": time.perf_counter() - t0}
 
-    with closing_engine(rollout.engine), batch_source(cfg, c, start) as source, open_logger(cfg, run_dir, resume) as logger, ConsoleProgress(
-        n_rollout, start=start, enabled=console
-    ) as progress:
+    with (
+        closing_engine(rollout.engine),
+        batch_source(cfg, c, start) as source,
+        open_logger(cfg, run_dir, resume) as logger,
+        ConsoleProgress(n_rollout, start=start, enabled=console) as progress,
+    ):
         if c.eval_sets and not cfg.eval.skip_eval_before_train and start == 0:
             evaluate(0)
         for rollout_id in range(start, n_rollout):
