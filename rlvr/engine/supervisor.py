@@ -23,9 +23,11 @@ A hung engine is detected within interval + timeout of the moment it stopped ans
 ``stats()`` feeds ``rollout/engine_restarts``, ``rollout/engine_reissued_requests``,
 ``rollout/engines_up`` into every rollout's metrics; each event is logged with the pid and reason.
 
-Seam for Ray: the restart policy (``_check``, ``_on_down``, ``_restart``) only uses the transport
-methods ``_launch``, ``_probe_once``, ``_kill`` and ``_push_weights``; engine actors need their own
-versions of those four and can keep the rest.
+Seam for Ray: the restart policy (``_check``, ``_on_down``, ``_restart``) and the re-issue logic
+(``_one``, ``_pick``) only use the transport methods ``_launch``, ``_wait_ready``, ``_exit_code``,
+``_probe_once``, ``_kill``, ``_push_weights`` and ``_post_generate``; a subclass for engine actors
+overrides those (a ``Slot``'s ``proc``/``url`` then hold the actor handle and its name) and keeps
+the rest. Each restart runs on a thread of its own, so the monitor keeps checking the other engines.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ class Slot:
     url: str = ""
     up: bool = False
     removed: bool = False
+    restarting: bool = False  # a restart thread is bringing it back
     restarts: int = 0
     incarnation: int = 0
     outstanding: int = 0
@@ -266,15 +269,25 @@ class EngineSupervisor:
                 if slot.up:
                     self._check(slot)
             for slot in self.slots:
-                if not slot.up and not slot.removed and self.fault_tolerance and not self._closed.is_set():
-                    self._restart(slot)
+                with self._lock:
+                    due = not (slot.up or slot.removed or slot.restarting) and self.fault_tolerance
+                    slot.restarting = slot.restarting or due
+                if due and not self._closed.is_set():  # each restart on a thread of its own: checks go on
+                    threading.Thread(target=self._restart_thread, args=(slot,), daemon=True).start()
+
+    def _restart_thread(self, slot: Slot) -> None:
+        try:
+            self._restart(slot)
+        finally:
+            with self._lock:
+                slot.restarting = False
 
     def _check(self, slot: Slot) -> None:
         """Down if the process exited or a probe has been unanswered for longer than the timeout;
         otherwise start the next probe when one is due."""
         now = time.monotonic()
-        if slot.proc.poll() is not None:
-            return self._on_down(slot, f"process exited with {slot.proc.returncode}")
+        if (code := self._exit_code(slot.proc)) is not None:
+            return self._on_down(slot, f"process exited with {code}")
         if slot.probe_started is not None and now - slot.probe_started > self.timeout:
             return self._on_down(slot, f"/health unanswered for {now - slot.probe_started:.1f} s")
         if slot.probe_started is None and now - slot.last_probe >= self.interval:
@@ -292,12 +305,16 @@ class EngineSupervisor:
                 slot.probe_started = -1e9
 
     def _suspect(self, slot: Slot, incarnation: int, reason: str) -> None:
-        """A request failed at the connection: probe at once (the monitor decides)."""
+        """A request failed at the connection: down at once if its process has exited (so no
+        other request is sent there meanwhile), else probe it now (the monitor decides)."""
         with self._lock:
-            if slot.incarnation == incarnation and slot.up and slot.probe_started is None:
+            if slot.incarnation != incarnation or not slot.up:
+                return
+            code = self._exit_code(slot.proc)
+            if code is None and slot.probe_started is None:
                 slot.last_probe = 0.0
-        if not (self.fault_tolerance or len(self.slots) > 1):
-            self._on_down(slot, reason)
+        if code is not None:
+            self._on_down(slot, f"process exited with {code} ({reason})")
 
     def _on_down(self, slot: Slot, reason: str) -> None:
         """Take the engine out, cancel its in-flight attempts (their requests are re-issued), kill it."""
@@ -340,9 +357,10 @@ class EngineSupervisor:
             if latest is not None:
                 self._push_weights(url, latest, version)
         except (OSError, RuntimeError) as e:
-            log.error("engine %d failed to restart: %r", slot.index, e)
             if proc is not None:
                 self._kill(proc)
+            if not self._closed.is_set():
+                log.error("engine %d failed to restart: %r", slot.index, e)
             return  # still down: the monitor tries again (and counts it)
         with self._lock:
             if self._closed.is_set():  # closed while it was starting: it must not outlive the run
@@ -378,6 +396,10 @@ class EngineSupervisor:
             time.sleep(0.1)
         self._kill(proc)
         raise RuntimeError(f"engine {slot.index} did not answer /health within {STARTUP_TIMEOUT:.0f} s (or closed)")
+
+    @staticmethod
+    def _exit_code(proc: subprocess.Popen) -> int | None:
+        return proc.poll()
 
     @staticmethod
     def _probe_once(url: str, timeout: float) -> bool:
