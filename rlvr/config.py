@@ -105,6 +105,18 @@ class RolloutConfig:
         1, "rollout engines on CPU (on GPUs: --rollout-num-gpus / --rollout-num-gpus-per-engine); Ray actors under --ray, "
            "server processes in local mode when > 1 or with --use-fault-tolerance"
     )
+    # ---- fully async rollout and fault tolerance (issue 9) ----
+    rollout_concurrency: int | None = _f(
+        None, "--async: prompt groups in flight at once (each --n-samples-per-prompt requests); default --rollout-batch-size"
+    )
+    use_fault_tolerance: bool = _f(
+        False, "health-check the engine server processes; restart a dead or hung one, push it the weights, re-issue its requests"
+    )
+    rollout_health_check_interval: float = _f(5.0, "--use-fault-tolerance: seconds between two /health probes of an engine")
+    rollout_health_check_timeout: float = _f(
+        10.0, "--use-fault-tolerance: an engine whose /health has not answered within this many seconds is killed and restarted"
+    )
+    rollout_max_engine_restarts: int = _f(3, "--use-fault-tolerance: an engine restarted this many times is removed (the run goes on with the others)")
 
     def validate(self) -> None:
         from rlvr.registry import resolve
@@ -151,6 +163,21 @@ class RolloutConfig:
             raise ConfigError("--rollout-num-engines", f"must be >= 1, got {self.rollout_num_engines}")
         if self.rollout_external_engine_retries < 0:
             raise ConfigError("--rollout-external-engine-retries", f"must be >= 0, got {self.rollout_external_engine_retries}")
+        if self.rollout_concurrency is not None and self.rollout_concurrency < 1:
+            raise ConfigError("--rollout-concurrency", f"must be >= 1, got {self.rollout_concurrency}")
+        for name in ("rollout_health_check_interval", "rollout_health_check_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(flag_of(name), f"must be > 0, got {getattr(self, name)}")
+        if self.rollout_max_engine_restarts < 0:
+            raise ConfigError("--rollout-max-engine-restarts", f"must be >= 0, got {self.rollout_max_engine_restarts}")
+        if self.use_fault_tolerance and self.rollout_external_engine_addrs:
+            raise ConfigError("--use-fault-tolerance", "restarts the engine processes rlvr launches itself; it cannot restart "
+                              "--rollout-external-engine-addrs servers (drop one of the two)")
+
+    @property
+    def uses_engine_processes(self) -> bool:
+        """Local mode launches ``rlvr serve`` processes (instead of the embedded engine)."""
+        return not self.rollout_external_engine_addrs and (self.rollout_num_engines > 1 or self.use_fault_tolerance)
 
 
 @dataclass
@@ -247,6 +274,39 @@ class EvalConfig:
 
 
 @dataclass
+class AsyncConfig:
+    """Fully asynchronous training: rollout and training overlap, with a bound on staleness."""
+
+    async_train: bool = _f(
+        False, "fully async: a producer keeps --rollout-concurrency groups in flight while the trainer trains",
+        flag="--async",
+    )
+    update_weights_interval: int = _f(1, "push the trainer's weights to the engines every N rollouts (sync and async)")
+    max_staleness: int = _f(
+        1, "--async: never train on a sample whose oldest token is more than K weight versions behind the policy being "
+           "trained (such groups are re-generated); 0 = exactly on-policy"
+    )
+    weight_update_inflight: str = _f(
+        "abort", "--async: requests in flight at a weight push are aborted and continued on the new weights (partial "
+                 "rollout, per-token versions) or finish on the old weights first (the push waits for them)",
+        ["abort", "finish"],
+    )
+
+    def validate(self) -> None:
+        if self.update_weights_interval < 1:
+            raise ConfigError("--update-weights-interval", f"must be >= 1, got {self.update_weights_interval}")
+        if self.max_staleness < 0:
+            raise ConfigError("--max-staleness", f"must be >= 0, got {self.max_staleness}")
+        if self.async_train and self.max_staleness < self.update_weights_interval - 1:
+            raise ConfigError(
+                "--max-staleness",
+                f"{self.max_staleness} cannot be met when weights are pushed only every --update-weights-interval "
+                f"{self.update_weights_interval} rollouts (samples are then up to {self.update_weights_interval - 1} "
+                f"versions old); raise it to >= {self.update_weights_interval - 1}",
+            )
+
+
+@dataclass
 class RunConfig:
     """Length of the run, where its outputs go, what is logged."""
 
@@ -310,6 +370,7 @@ GROUPS: dict[str, type] = {
     "algo": AlgoConfig,
     "train": TrainConfig,
     "eval": EvalConfig,
+    "asynchronous": AsyncConfig,
     "run": RunConfig,
     "cluster": ClusterConfig,
 }
@@ -323,6 +384,7 @@ class Config:
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    asynchronous: AsyncConfig = field(default_factory=AsyncConfig)
     run: RunConfig = field(default_factory=RunConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
@@ -365,6 +427,9 @@ class Config:
             return self
         if self.cluster.ray:
             self._validate_ray()
+        if self.asynchronous.async_train and (self.run.debug_rollout_only or self.run.debug_train_only):
+            raise ConfigError("--async", "overlaps sampling and training; the debug split (--debug-rollout-only, "
+                              "--debug-train-only, --load-debug-rollout-data) runs one of them alone: drop one")
         uses_ref = self.algo.use_kl_loss or self.algo.kl_coef != 0
         for name in ("ref_load", "ref_update_interval"):
             if getattr(self.train, name) is not None and not uses_ref:
@@ -423,6 +488,8 @@ def _field_index() -> dict[str, tuple[str, dataclasses.Field]]:
 
 
 FIELDS = _field_index()
+# Fields whose flag is not derived from the name (``async_train`` is ``--async``): YAML takes either.
+ALIASES = {f.metadata["flag"][2:].replace("-", "_"): name for name, (_, f) in FIELDS.items() if "flag" in f.metadata}
 
 
 def _annotation(tp: Any) -> Any:
@@ -471,7 +538,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                     kwargs["nargs"] = "+"
                 if "choices" in f.metadata:
                     kwargs["choices"] = f.metadata["choices"]
-            section.add_argument(flag_of(f.name), **kwargs)
+            section.add_argument(f.metadata.get("flag", flag_of(f.name)), **kwargs)
 
 
 def _read_yaml(path: str) -> dict[str, Any]:
@@ -492,6 +559,7 @@ def _read_yaml(path: str) -> dict[str, Any]:
             items = [(key, value)]
         for k, v in items:
             name = str(k).replace("-", "_")
+            name = ALIASES.get(name, name)
             if name not in FIELDS:
                 close = difflib.get_close_matches(name, FIELDS, n=1)
                 hint = f"; did you mean {close[0].replace('_', '-')!r}?" if close else ""

@@ -9,11 +9,14 @@ from __future__ import annotations
 from dataclasses import field
 
 
-def option(default, help: str, choices: list[str] | None = None):
-    """A dataclass field carrying its help text (and choices) in ``metadata``."""
+def option(default, help: str, choices: list[str] | None = None, flag: str | None = None):
+    """A dataclass field carrying its help text (and choices) in ``metadata``; ``flag`` overrides
+    the derived flag where the natural name is a Python keyword (``--async``)."""
     meta = {"help": help}
     if choices is not None:
         meta["choices"] = choices
+    if flag is not None:
+        meta["flag"] = flag
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)

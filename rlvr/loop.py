@@ -2,12 +2,16 @@
 
     resume from --load (if a checkpoint is there)
     for rollout_id in range(start, num_rollout):
-        batch   = rollout.generate(rollout_id)            # sample + grade (or a saved debug rollout)
+        batch   = source.next_batch(rollout_id)           # sample + grade (or a saved debug rollout)
         metrics = trainer.train(rollout_id, batch.samples) # advantages, loss, optimizer step(s)
-        rollout.update_weights(trainer.weights(), rollout_id + 1)
+        source.update_weights(trainer.weights(), rollout_id + 1)  # every --update-weights-interval
         maybe evaluate, log, maybe save
 
 ``build`` wires the components from a ``Config`` (each gets its own group); ``run`` drives them.
+The batch source is the one difference between the modes (``rlvr.rollout.producer``): the
+synchronous one generates rollout ``r`` when asked; ``--async``'s producer thread generates all the
+time, within ``--max-staleness``. ``ledger.jsonl`` records every trained sample's uid and weight
+versions (and, at the end of an async run, the groups still pending).
 A checkpoint (``rlvr.checkpoint``) is written after everything about its rollout is logged, and
 holds all the state the next rollout depends on, so a run killed at any point and resumed with
 ``--load`` logs the same values as one that was never stopped. slime's debug split:
@@ -38,6 +42,7 @@ from rlvr.engine.embedded import EmbeddedEngine
 from rlvr.jsonl import iter_objects
 from rlvr.observe import ConsoleProgress, MetricsLogger, plot_runs
 from rlvr.rewards.grader import Grader
+from rlvr.rollout.producer import AsyncProducer, SyncBatches
 from rlvr.rollout.rollout import Rollout
 from rlvr.train.trainer import Trainer
 from rlvr.types import RolloutBatch, Sample
@@ -110,8 +115,9 @@ def build(cfg: Config) -> Components:
         return Components(tokenizer, rollout, trainer, eval_sets, close)
     trainer = make_trainer(cfg)
     # The engine starts from the trainer's weights, so both hold the same policy at version 0.
-    rollout = make_rollout(cfg, build_engine(cfg, trainer.model, tokenizer), tokenizer, records)
-    return Components(tokenizer, rollout, trainer, eval_sets)
+    engine = build_engine(cfg, trainer.model, tokenizer)
+    rollout = make_rollout(cfg, engine, tokenizer, records)
+    return Components(tokenizer, rollout, trainer, eval_sets, close=getattr(engine, "close", lambda: None))
 
 
 def make_trainer(cfg: Config, parallel=None) -> Trainer:
@@ -129,9 +135,20 @@ def make_rollout(cfg: Config, engine, tokenizer, records: PromptDataset) -> Roll
 
 
 def build_engine(cfg: Config, model, tokenizer):
-    """The embedded engine on ``model`` (a module or a checkpoint path), or a client of the
-    ``--rollout-external-engine-addrs`` servers (started on the same checkpoint: version 0)."""
+    """The embedded engine on ``model`` (a module or a checkpoint path), a client of the
+    ``--rollout-external-engine-addrs`` servers (started on the same checkpoint: version 0), or
+    supervised server processes of ``--hf-checkpoint`` (``--rollout-num-engines`` > 1 or
+    ``--use-fault-tolerance``; the trainer starts from that checkpoint too: version 0)."""
     r = cfg.rollout
+    if r.uses_engine_processes:  # supervised `rlvr serve` processes (restarted with --use-fault-tolerance)
+        from rlvr.engine.supervisor import EngineSupervisor
+
+        checkpoint = model if isinstance(model, (str, Path)) else cfg.train.hf_checkpoint
+        return EngineSupervisor(
+            str(checkpoint), r.rollout_num_engines, fault_tolerance=r.use_fault_tolerance,
+            health_check_interval=r.rollout_health_check_interval, health_check_timeout=r.rollout_health_check_timeout,
+            max_restarts=r.rollout_max_engine_restarts, seed=cfg.train.seed,
+            max_running_requests=r.rollout_max_running_requests, log_dir=Path(cfg.run.output_dir) / "engines")
     if r.rollout_external_engine_addrs:
         from rlvr.engine.client import HttpEngine
 
@@ -175,7 +192,8 @@ def prepare_run_dir(output_dir: str, resume: dict | None = None) -> Path:
     if resume is not None:
         truncate_streams(run_dir, resume["rollout_id"], resume["train_step"])
         return run_dir
-    old = [run_dir / n for n in ("metrics.jsonl", "samples.jsonl", "tensorboard", "wandb", "curves.png", "config.yaml")]
+    old = [run_dir / n for n in ("metrics.jsonl", "samples.jsonl", "ledger.jsonl", "tensorboard", "wandb",
+                                 "curves.png", "config.yaml")]
     old = [p for p in old if p.exists()]
     if old:
         stamp, k = time.strftime("%Y%m%d-%H%M%S"), 0
@@ -195,7 +213,7 @@ def truncate_streams(run_dir: Path, rollout_id: int, train_step: int) -> None:
     limits = {"rollout/step": rollout_id - 1, "train/step": train_step, "eval/step": rollout_id}
     keep_metric = lambda r: all(r[k] <= v for k, v in limits.items() if k in r)  # noqa: E731
     keep_sample = lambda r: r.get("rollout_id", 0) < rollout_id  # noqa: E731
-    for name, keep in (("metrics.jsonl", keep_metric), ("samples.jsonl", keep_sample)):
+    for name, keep in (("metrics.jsonl", keep_metric), ("samples.jsonl", keep_sample), ("ledger.jsonl", keep_sample)):
         path = run_dir / name
         if not path.is_file():
             continue
@@ -250,9 +268,9 @@ def restore(c: Components, ckpt: Path, state: dict) -> None:
     log.info("resumed from %s: rollout %d, train step %d", ckpt, state["rollout_id"], c.trainer.step)
 
 
-def save(cfg: Config, c: Components, done: int, logger: MetricsLogger) -> None:
+def save(cfg: Config, c: Components, done: int, logger: MetricsLogger, source) -> None:
     """Checkpoint after ``done`` rollouts (and the plain HF copy ``--save-hf`` asks for)."""
-    state = {"train_step": c.trainer.step, "data_source": c.rollout.data_source.state_dict(),
+    state = {"train_step": c.trainer.step, "data_source": source.data_state(),
              "rng": capture_rng(c.rollout.engine),
              "wandb_run_id": next((s.run_id for s in logger.sinks if hasattr(s, "run_id")), None)}
     t0 = time.perf_counter()
@@ -279,6 +297,15 @@ def next_batch(cfg: Config, rollout: Rollout, rollout_id: int) -> RolloutBatch:
     return batch
 
 
+def batch_source(cfg: Config, c: Components, start: int) -> SyncBatches | AsyncProducer:
+    """Where batches come from: generated on request, or by the ``--async`` producer thread."""
+    a, r = cfg.asynchronous, cfg.rollout
+    if not a.async_train:
+        return SyncBatches(c.rollout, lambda rollout_id: next_batch(cfg, c.rollout, rollout_id))
+    return AsyncProducer(c.rollout, r.rollout_concurrency or r.rollout_batch_size, a.max_staleness,
+                         a.weight_update_inflight, version=start)
+
+
 def run(cfg: Config, console: bool = True) -> Path:
     """Train for ``--num-rollout`` rollouts (continuing a ``--load`` checkpoint); return the run directory."""
     ckpt, resume = resume_point(cfg)
@@ -286,6 +313,7 @@ def run(cfg: Config, console: bool = True) -> Path:
     cfg.save_yaml(run_dir / "config.yaml")
     start = resume["rollout_id"] if resume else 0
     n_rollout, eval_every, save_every = cfg.run.num_rollout, cfg.eval.eval_interval, cfg.run.save_interval
+    push_every = cfg.asynchronous.update_weights_interval
     train = not cfg.run.debug_rollout_only
 
     def evaluate(step: int) -> dict[str, float]:
@@ -297,49 +325,74 @@ def run(cfg: Config, console: bool = True) -> Path:
         logger.log(metrics, "eval/step", step)
         return metrics | {"perf/eval_time": time.perf_counter() - t0}
 
-    # The components are closed on every exit (Ray: actors and cluster stopped, also on Ctrl-C).
-    with build(cfg) as c, open_logger(cfg, run_dir, resume) as logger, ConsoleProgress(
-        n_rollout, start=start, enabled=console
-    ) as progress:
+    # The components are closed on every exit (Ray: actors and cluster stopped, also on Ctrl-C;
+    # local: the engine's worker thread or server processes).
+    with build(cfg) as c:
         rollout, trainer = c.rollout, c.trainer
         if ckpt is not None:
             restore(c, ckpt, resume)
-        if c.eval_sets and not cfg.eval.skip_eval_before_train and start == 0:
-            evaluate(0)
-        for rollout_id in range(start, n_rollout):
-            t_step = time.perf_counter()
-            batch = next_batch(cfg, rollout, rollout_id)
-            crash_hook(f"rollout:{rollout_id}")  # crash tests only: SIGKILL in the middle of a rollout
-            train_metrics, perf = {}, {}
-            if train:
-                train_metrics = trainer.train(rollout_id, batch.samples)
-                if train_metrics.get("train/skipped_steps"):  # keep the bad rollout for inspection
-                    batch.save(skipped_rollout_path(run_dir, rollout_id))
-                t0 = time.perf_counter()
-                rollout.update_weights(trainer.weights(), version=rollout_id + 1)
-                perf["perf/update_weights_time"] = time.perf_counter() - t0
-                # perf/* go with the rollout record, so the time split of a rollout is one record.
-                perf |= {k: v for k, v in train_metrics.items() if k.startswith("perf/")}
-                logger.log({k: v for k, v in train_metrics.items() if not k.startswith("perf/")},
-                           "train/step", trainer.step)
+        with (
+            batch_source(cfg, c, start) as source,
+            open_logger(cfg, run_dir, resume) as logger,
+            ConsoleProgress(n_rollout, start=start, enabled=console) as progress,
+        ):
+            if c.eval_sets and not cfg.eval.skip_eval_before_train and start == 0:
+                evaluate(0)
+            for rollout_id in range(start, n_rollout):
+                t_step = time.perf_counter()
+                batch = source.next_batch(rollout_id)
+                crash_hook(f"rollout:{rollout_id}")  # crash tests only: SIGKILL in the middle of a rollout
+                train_metrics, perf = {}, {}
+                if train:
+                    train_metrics = trainer.train(rollout_id, batch.samples)
+                    if train_metrics.get("train/skipped_steps"):  # keep the bad rollout for inspection
+                        batch.save(skipped_rollout_path(run_dir, rollout_id))
+                    if (rollout_id + 1) % push_every == 0:
+                        t0 = time.perf_counter()
+                        source.update_weights(trainer.weights(), version=rollout_id + 1)
+                        perf["perf/update_weights_time"] = time.perf_counter() - t0
+                    # perf/* go with the rollout record, so the time split of a rollout is one record.
+                    perf |= {k: v for k, v in train_metrics.items() if k.startswith("perf/")}
+                    logger.log({k: v for k, v in train_metrics.items() if not k.startswith("perf/")},
+                               "train/step", trainer.step)
 
-            done = rollout_id + 1
-            eval_metrics = {}
-            if c.eval_sets and ((eval_every and done % eval_every == 0) or done == n_rollout):
-                eval_metrics = evaluate(done)
-                perf["perf/eval_time"] = eval_metrics.pop("perf/eval_time")
-            perf["perf/step_time"] = time.perf_counter() - t_step
-            logger.log(batch.metrics | perf, "rollout/step", rollout_id)
-            write_samples(run_dir / "samples.jsonl", batch)
-            # Saved after everything about this rollout is logged: a resumed run logs nothing twice.
-            if train and ((save_every and done % save_every == 0) or done == n_rollout):
-                save(cfg, c, done, logger)
-            progress.advance(rollout_id, batch.metrics | train_metrics | perf | eval_metrics)
-            trainer.guard.raise_if_exhausted(lambda rid: str(skipped_rollout_path(run_dir, rid)))
+                done = rollout_id + 1
+                eval_metrics = {}
+                if c.eval_sets and ((eval_every and done % eval_every == 0) or done == n_rollout):
+                    if train and done % push_every:  # an eval sees the trainer's weights, pushed or not
+                        source.update_weights(trainer.weights(), version=done)
+                    source.wait_for_weights()
+                    eval_metrics = evaluate(done)
+                    perf["perf/eval_time"] = eval_metrics.pop("perf/eval_time")
+                perf["perf/step_time"] = time.perf_counter() - t_step
+                logger.log(batch.metrics | perf, "rollout/step", rollout_id)
+                write_samples(run_dir / "samples.jsonl", batch)
+                write_ledger(run_dir / "ledger.jsonl", batch.rollout_id, batch.samples, trained=train)
+                # Saved after everything about this rollout is logged: a resumed run logs nothing twice.
+                if train and ((save_every and done % save_every == 0) or done == n_rollout):
+                    save(cfg, c, done, logger, source)
+                progress.advance(rollout_id, batch.metrics | train_metrics | perf | eval_metrics)
+                trainer.guard.raise_if_exhausted(lambda rid: str(skipped_rollout_path(run_dir, rid)))
+            source.close()
+            pending = [s for g in source.pending_groups() for s in g]
+            write_ledger(run_dir / "ledger.jsonl", n_rollout, pending, trained=False)  # drawn, never trained
         if cfg.run.save_hf and "{rollout_id}" not in cfg.run.save_hf:
             save_hf(trainer.model, c.tokenizer, cfg.run.save_hf)
     plot_runs([run_dir], run_dir / "curves.png")
     return run_dir
+
+
+def write_ledger(path: Path, rollout_id: int, samples: list[Sample], trained: bool) -> None:
+    """One line per sample the loop took (``trained``) or left pending at the end of an async
+    run: its uid, prompt, and the weight versions of its tokens -- what tests check "every group
+    trained exactly once" and the staleness bound against."""
+    with open(path, "a") as f:
+        for s in samples:
+            v = s.weight_versions
+            row = {"rollout_id": rollout_id, "uid": s.uid, "prompt_index": s.prompt_index, "trained": trained,
+                   "status": s.status.value, "version_min": min(v) if v else None,
+                   "version_max": max(v) if v else None, "staleness": rollout_id - min(v) if v and trained else None}
+            f.write(json.dumps(row) + "\n")
 
 
 def write_samples(path: Path, batch: RolloutBatch, k: int = 4) -> None:
@@ -349,8 +402,9 @@ def write_samples(path: Path, batch: RolloutBatch, k: int = 4) -> None:
         for i, s in enumerate(batch.samples):
             if i >= k and "reward_error" not in s.metadata:
                 continue
-            row = {"rollout_id": batch.rollout_id, "index": s.index, "prompt": s.prompt, "response": s.response,
-                   "label": s.label, "reward": s.reward, "status": s.status.value}
+            row = {"rollout_id": batch.rollout_id, "index": s.index, "uid": s.uid, "prompt": s.prompt,
+                   "response": s.response, "label": s.label, "reward": s.reward, "status": s.status.value,
+                   "weight_versions": sorted(set(s.weight_versions))}
             if "reward_error" in s.metadata:
                 row["reward_error"] = s.metadata["reward_error"]
             f.write(json.dumps(row, default=str) + "\n")

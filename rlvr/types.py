@@ -40,6 +40,11 @@ class Sample:
     status: Status = Status.COMPLETED
     weight_versions: list[int] = field(default_factory=list)  # version that produced each token
     train_metadata: dict = field(default_factory=dict)  # per-sample values that reach the loss
+    uid: str = ""  # "<draw>/<j>": the j-th response to the prompt drawn <draw>-th from the data source (ledger)
+
+    @property
+    def group_uid(self) -> str:
+        return self.uid.partition("/")[0]
 
     @property
     def response_length(self) -> int:

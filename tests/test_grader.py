@@ -173,7 +173,7 @@ class SlowTail:
         import asyncio
 
         results = await self.engine.generate(requests)
-        if requests[0].rid == "2":  # second group of 2 samples
+        if requests[0].rid == "1/0":  # second group (request ids are sample uids: draw/j)
             await asyncio.sleep(0.6)
         self.returned[requests[0].rid] = time.monotonic()
         return results
@@ -211,7 +211,7 @@ def test_rollout_grades_each_group_as_it_finishes_and_counts_failures(tiny_qwen2
     rollout = Rollout(cfg, engine, tok, DataSource(records, shuffle=False),
                       Grader(RewardConfig(custom_rm_path="timed_rewards:reward")))
     batch = rollout.generate(0)
-    assert graded[0] < engine.returned["2"] - 0.3  # group 0 graded while group 1 was still out
+    assert graded[0] < engine.returned["1/0"] - 0.3  # group 0 graded while group 1 was still out
     assert [s.scalar_reward() for s in batch.samples] == [1.0, 0.0, 1.0, 1.0]
     assert "bad sample" in batch.samples[1].metadata["reward_error"]
     assert batch.metrics["rollout/reward_errors"] == 1.0

@@ -165,6 +165,11 @@ class DataSource:
         random.Random(self.seed + epoch).shuffle(order)
         return torch.tensor(order, dtype=torch.long)
 
+    @property
+    def position(self) -> int:
+        """Prompts handed out so far (over all epochs): the draw number of the next prompt."""
+        return self.epoch * len(self.records) + self.offset
+
     def next_prompts(self, n: int) -> list[PromptRecord]:
         out: list[PromptRecord] = []
         while len(out) < n:

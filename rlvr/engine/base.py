@@ -9,6 +9,10 @@ SGLang's HTTP protocol to ``rlvr serve`` or a real SGLang server behind the same
 Finish reasons: ``stop`` (a stop token id or stop string), ``length`` (``max_new_tokens``),
 ``abort`` (``abort()`` or a cancelled call; the tokens so far come back), ``error`` (the
 request failed; ``meta["error"]`` says why — the rollout marks the sample FAILED).
+
+An engine may also have ``stats() -> dict[str, float]`` (cumulative counters, e.g. the
+supervisor's ``rollout/engine_restarts``) and ``close()``; the rollout logs the first with every
+rollout, the driver calls the second at the end of the run.
 """
 
 from __future__ import annotations

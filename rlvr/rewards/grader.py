@@ -28,6 +28,7 @@ import inspect
 import logging
 import math
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -147,8 +148,9 @@ class Grader:
                 self.parts["custom"] = (fn, 1.0)
         else:
             self.parts = {name: (build_reward(name, cfg), w) for name, w in parse_rm_type(cfg.rm_type).items()}
-        self._sem: asyncio.Semaphore | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        # One semaphore per event loop: an async run grades on the producer's loop while eval
+        # grades on the main thread's, at the same time.
+        self._sems: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 
     # ---- the one entry point -------------------------------------------------------------
     async def grade_group(self, samples: list[Sample]) -> None:
@@ -170,9 +172,9 @@ class Grader:
     # ---- internals -----------------------------------------------------------------------
     def _semaphore(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
-        if self._sem is None or self._loop is not loop:  # one per event loop
-            self._sem, self._loop = asyncio.Semaphore(self.cfg.reward_max_concurrency), loop
-        return self._sem
+        if loop not in self._sems:
+            self._sems[loop] = asyncio.Semaphore(self.cfg.reward_max_concurrency)
+        return self._sems[loop]
 
     async def _call(self, fn: Callable, arg: Any) -> Any:
         async with self._semaphore():

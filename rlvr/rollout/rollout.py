@@ -69,37 +69,48 @@ class Rollout:
     # ---- what the loop calls --------------------------------------------------------------
     def generate(self, rollout_id: int) -> RolloutBatch:
         t0 = time.perf_counter()
-        cfg, n = self.cfg, self.cfg.n_samples_per_prompt
-        params = SamplingParams(
-            temperature=cfg.rollout_temperature,
-            top_p=cfg.rollout_top_p,
-            top_k=cfg.rollout_top_k,
-            max_new_tokens=cfg.rollout_max_response_len,
-            stop_token_ids=self.stop_ids,
-        )
+        cfg = self.cfg
         # Sample groups until enough pass the dynamic-sampling filter (one round without a filter);
         # groups still in flight then are aborted (and buffered with --partial-rollout).
-        kept, dropped, rounds, partial = asyncio.run(self._collect(params))
+        kept, dropped, rounds, partial = asyncio.run(self._collect(self.sampling_params()))
         unfilled = cfg.rollout_batch_size - len(kept)
         if unfilled > 0:  # the batch size is part of the contract: top up with dropped groups, loudly
             log.warning("rollout %d: only %d groups passed the filter in %d rounds; %d dropped groups reused",
                         rollout_id, len(kept), rounds, unfilled)
             kept += dropped[:unfilled]
-        samples = [s for group in kept for s in group]
+        if self.group_filter is not None:
+            partial["rollout/dynamic_filter/dropped_groups"] = float(len(dropped))
+            partial["rollout/dynamic_filter/rounds"] = float(rounds)
+            partial["rollout/dynamic_filter/unfilled_groups"] = float(max(unfilled, 0))
+        return self.make_batch(rollout_id, kept, time.perf_counter() - t0, partial)
+
+    def make_batch(self, rollout_id: int, groups: list[list[Sample]], elapsed: float,
+                   metrics: dict[str, float] | None = None) -> RolloutBatch:
+        """The ``RolloutBatch`` of finished, graded ``groups`` (in order): samples indexed,
+        rewards post-processed, ``rollout/*`` and ``perf/rollout_*`` metrics (plus ``metrics``)."""
+        n = self.cfg.n_samples_per_prompt
+        samples = [s for group in groups for s in group]
         for i, s in enumerate(samples):
             s.index, s.group_index = i, i // n
         if self.post_process is not None:
             self.post_process(samples, self.tokenizer)
-        elapsed = time.perf_counter() - t0
-        metrics = rollout_metrics(samples, n, prefix="rollout/")
-        metrics["perf/rollout_time"] = elapsed
-        metrics["perf/rollout_tokens_per_s"] = sum(s.response_length for s in samples) / max(elapsed, 1e-9)
-        metrics |= partial
-        if self.group_filter is not None:
-            metrics["rollout/dynamic_filter/dropped_groups"] = float(len(dropped))
-            metrics["rollout/dynamic_filter/rounds"] = float(rounds)
-            metrics["rollout/dynamic_filter/unfilled_groups"] = float(max(unfilled, 0))
-        return RolloutBatch(rollout_id, samples, n, metrics)
+        out = rollout_metrics(samples, n, prefix="rollout/")
+        out["perf/rollout_time"] = elapsed
+        out["perf/rollout_tokens_per_s"] = sum(s.response_length for s in samples) / max(elapsed, 1e-9)
+        if hasattr(self.engine, "stats"):  # e.g. the supervisor's engine restarts
+            out |= self.engine.stats()
+        # Trained at policy version rollout_id: a sample is as stale as its oldest token.
+        staleness = [rollout_id - min(s.weight_versions) for s in samples if s.weight_versions]
+        if staleness:
+            out["rollout/staleness_mean"] = statistics.fmean(staleness)
+            out["rollout/staleness_max"] = float(max(staleness))
+        return RolloutBatch(rollout_id, samples, n, out | (metrics or {}))
+
+    def sampling_params(self) -> SamplingParams:
+        """The training sampling settings (``--rollout-*``)."""
+        cfg = self.cfg
+        return SamplingParams(temperature=cfg.rollout_temperature, top_p=cfg.rollout_top_p, top_k=cfg.rollout_top_k,
+                              max_new_tokens=cfg.rollout_max_response_len, stop_token_ids=self.stop_ids)
 
     def evaluate(self, name: str, records: list[PromptRecord], cfg: EvalConfig) -> dict[str, float]:
         """``eval/<name>/score`` (mean reward), ``eval/<name>`` (slime's key), truncated ratio."""
@@ -137,17 +148,26 @@ class Rollout:
         self, records: list[PromptRecord], n: int, params: SamplingParams, shape: bool = True
     ) -> list[Sample]:
         """``n`` graded samples per record; ``shape`` applies reward shaping (training only)."""
-        groups = [self._new_group(record, g, n) for g, record in enumerate(records)]
+        groups = [self.new_group(record, g, n) for g, record in enumerate(records)]
         asyncio.run(self._run_groups(groups, params, shape))
         return [s for group in groups for s in group]
 
-    def _new_group(self, record: PromptRecord, g: int, n: int) -> list[Sample]:
+    def new_group(self, record: PromptRecord, g: int, n: int, draw: int | None = None) -> list[Sample]:
+        """``n`` unsampled samples of ``record``, group ``g`` of its rollout; ``draw`` (the record's
+        position in the data source's stream) makes their ``uid``s, unique in the run."""
         text, ids = self._encode(record)
         return [
             Sample(prompt=text, prompt_ids=list(ids), label=record.label, metadata=dict(record.metadata),
-                   group_index=g, index=g * n + j, prompt_index=record.index)
+                   group_index=g, index=g * n + j, prompt_index=record.index,
+                   uid=f"{draw}/{j}" if draw is not None else "")
             for j in range(n)
         ]
+
+    def next_groups(self, k: int) -> list[list[Sample]]:
+        """``k`` new groups from the data source (each its draw-numbered uids)."""
+        first = self.data_source.position
+        records = self.data_source.next_prompts(k)
+        return [self.new_group(r, i, self.cfg.n_samples_per_prompt, first + i) for i, r in enumerate(records)]
 
     async def _collect(self, params: SamplingParams) -> tuple[list, list, int, dict[str, float]]:
         """Submit groups (buffered partial groups first, then new prompts) in rounds of
@@ -155,23 +175,21 @@ class Rollout:
         (slime's ``generate_rollout_async``); file each finished group as kept or dropped by the
         filter; once enough are kept, abort the groups still in flight. Returns (kept, dropped,
         rounds, metrics)."""
-        cfg, n = self.cfg, self.cfg.n_samples_per_prompt
+        cfg = self.cfg
         target, per_round = cfg.rollout_batch_size, cfg.over_sampling_batch_size or cfg.rollout_batch_size
         kept: list[list[Sample]] = []
         dropped: list[list[Sample]] = []
         in_flight: dict[asyncio.Task, list[Sample]] = {}
         order: dict[int, int] = {}  # id(group) -> submission order
-        rounds, resumed, aborted, submitted = 0, 0, 0, 0
+        rounds, resumed, aborted = 0, 0, 0
         while len(kept) < target:
             if len(in_flight) + len(kept) < target and rounds < cfg.dynamic_sampling_max_rounds:
                 rounds += 1
                 groups = self.data_source.take_partial(per_round)
                 resumed += sum(s.status == Status.ABORTED for g in groups for s in g)
-                records = self.data_source.next_prompts(per_round - len(groups))
-                groups += [self._new_group(r, submitted + k, n) for k, r in enumerate(records)]
-                submitted += len(records)
+                groups += self.next_groups(per_round - len(groups))
                 for group in groups:
-                    in_flight[asyncio.create_task(self._run_group(group, params, True))] = group
+                    in_flight[asyncio.create_task(self.run_group(group, params, True))] = group
                     order[id(group)] = len(order)
             if not in_flight:
                 break
@@ -205,9 +223,9 @@ class Rollout:
         return kept, dropped, rounds, metrics
 
     async def _run_groups(self, groups: list[list[Sample]], params: SamplingParams, shape: bool) -> None:
-        await asyncio.gather(*(self._run_group(group, params, shape) for group in groups))
+        await asyncio.gather(*(self.run_group(group, params, shape) for group in groups))
 
-    async def _run_group(self, group: list[Sample], params: SamplingParams, shape: bool) -> None:
+    async def run_group(self, group: list[Sample], params: SamplingParams, shape: bool) -> None:
         """Generate one group, then grade it at once: grading overlaps the other groups' decoding.
 
         A group from the partial-rollout buffer continues its aborted samples (prompt + response
@@ -220,7 +238,7 @@ class Rollout:
         requests = [
             GenerateRequest(s.prompt_ids + s.response_ids,
                             dataclasses.replace(params, max_new_tokens=params.max_new_tokens - s.response_length),
-                            rid=str(s.index))
+                            rid=s.uid or str(s.index))
             for s in todo
         ]
         results = await self.engine.generate(requests)
