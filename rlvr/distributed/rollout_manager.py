@@ -20,6 +20,8 @@ for checkpoints), each one remote call to the manager.
 
 from __future__ import annotations
 
+import os
+
 import ray
 import torch
 
@@ -71,6 +73,10 @@ class EngineActor:
 
     def rng_state(self) -> torch.Tensor:
         return self.engine.rng_state()
+
+    def pid(self) -> int:
+        """This actor's process id (fault-tolerance logs and tests)."""
+        return os.getpid()
 
     def set_rng_state(self, state: torch.Tensor) -> None:
         self.engine.set_rng_state(state)
@@ -138,6 +144,19 @@ class EngineGroup:
                              f"{len(self.actors)} engines; resume with the same --rollout-num-engines")
         get_all([a.set_rng_state.remote(s) for a, s in zip(self.actors, states)])
 
+    def pids(self) -> list[int | None]:
+        return get_all([a.pid.remote() for a in self.actors])
+
+    @classmethod
+    def create(cls, cfg: Config, pg, p: Plan, cwd: str, n: int) -> EngineGroup:
+        """The group ``RolloutManager`` uses: health-checked and restarted with ``--use-fault-tolerance``
+        (``rlvr.distributed.engine_faults``), as it is otherwise (an actor failure stops the run)."""
+        if cfg.rollout.use_fault_tolerance:
+            from rlvr.distributed.engine_faults import TolerantEngineGroup
+
+            return TolerantEngineGroup(cfg, pg, p, cwd, n)
+        return cls(cfg, pg, p, cwd, n)
+
 
 class RolloutManager:
     """The rollout side in one actor: data source, grader, ``Rollout``, and the engine group."""
@@ -149,7 +168,7 @@ class RolloutManager:
         self.cfg = cfg
         tokenizer = load_tokenizer(cfg.train.hf_checkpoint)
         n = cfg.cluster.num_engines(cfg.rollout.rollout_num_engines)
-        self.engines = EngineGroup(cfg, pg, p, cwd, n)
+        self.engines = EngineGroup.create(cfg, pg, p, cwd, n)
         self.rollout = make_rollout(cfg, self.engines, tokenizer, open_training_data(cfg, tokenizer))
 
     def ready(self) -> int:
@@ -195,6 +214,13 @@ class RolloutManager:
 
     def set_rng_state(self, states: list[torch.Tensor]) -> None:
         self.engines.set_rng_state(states)
+
+    def engine_pids(self) -> list[int | None]:
+        return self.engines.pids()
+
+    def engine_events(self) -> list[dict]:
+        """Fault tolerance's down / restarted / removed events (empty without it)."""
+        return list(getattr(self.engines, "events", []))
 
 
 class _Remote:
@@ -243,3 +269,9 @@ class RayRollout:
 
     def close(self) -> None:
         ray.kill(self.manager)
+
+    def engine_pids(self) -> list[int | None]:
+        return get_one(self.manager.engine_pids.remote())
+
+    def engine_events(self) -> list[dict]:
+        return get_one(self.manager.engine_events.remote())
