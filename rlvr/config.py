@@ -110,7 +110,7 @@ class RolloutConfig:
         None, "--async: prompt groups in flight at once (each --n-samples-per-prompt requests); default --rollout-batch-size"
     )
     use_fault_tolerance: bool = _f(
-        False, "health-check the engine server processes; restart a dead or hung one, push it the weights, re-issue its requests"
+        False, "health-check the engine server processes (engine actors under --ray); restart a dead or hung one, push it the weights, re-issue its requests"
     )
     rollout_health_check_interval: float = _f(5.0, "--use-fault-tolerance: seconds between two /health probes of an engine")
     rollout_health_check_timeout: float = _f(

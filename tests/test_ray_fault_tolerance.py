@@ -111,6 +111,7 @@ def test_chaos_two_sigkills_during_rollout(ray_cluster, tiny_qwen2, arith_files,
     print(f"chaos run {time.time() - t0:.1f} s: kills {kills}; restarts {last['rollout/engine_restarts']}, "
           f"re-issued {last['rollout/engine_reissued_requests']}, engines up {last['rollout/engines_up']}")
     assert last["rollout/engine_restarts"] == 2.0 and last["rollout/engines_up"] == 2.0
+    assert last["rollout/engine_reissued_requests"] >= 1.0  # a kill cut requests in flight
     text = manager_log()
     for _, pid in kills:
         assert f"(pid {pid}) is down" in text, f"no 'is down' log line for pid {pid}"
@@ -119,13 +120,15 @@ def test_chaos_two_sigkills_during_rollout(ray_cluster, tiny_qwen2, arith_files,
 
 def test_hung_engine_is_detected_within_the_timeout_and_replaced(ray_cluster, tiny_qwen2, arith_files, tmp_path):
     """One engine SIGSTOPped while it samples a rollout: detected within interval + timeout,
-    killed, replaced with the current weights, and the rollout's requests answered."""
+    killed, replaced with the current weights, and the rollout's requests answered. Then the
+    replacement dies too: with --rollout-max-engine-restarts 1 it is removed, and with no engine
+    left the next rollout fails with a clear error."""
     from rlvr.loop import build
 
     interval, timeout = 0.3, 2.0
     cfg = parse_config(ft_args(tiny_qwen2, arith_files[0], tmp_path / "run", "--num-rollout", "1",
                                "--rollout-num-engines", "1", "--rollout-max-response-len", "256",
-                               "--rollout-health-check-timeout", str(timeout)))
+                               "--rollout-health-check-timeout", str(timeout), "--rollout-max-engine-restarts", "1"))
     with build(cfg) as c:
         c.rollout.update_weights(c.trainer.weights(), version=3)  # the replacement must get these
         [hung] = c.rollout.engine_pids()
@@ -155,3 +158,8 @@ def test_hung_engine_is_detected_within_the_timeout_and_replaced(ray_cluster, ti
                 break
             time.sleep(0.1)
         assert not Path(f"/proc/{hung}").exists() or "T" not in Path(f"/proc/{hung}/stat").read_text().split()[2]
+        [replacement] = c.rollout.engine_pids()
+        os.kill(replacement, signal.SIGKILL)
+        with pytest.raises(Exception, match="every engine was removed after --rollout-max-engine-restarts 1"):
+            c.rollout.generate(1)
+        assert [e["event"] for e in c.rollout.engine_events()] == ["down", "restarted", "down", "removed"]

@@ -8,7 +8,8 @@ policy (``rlvr.engine.supervisor``, same flags, same metric names):
 * a monitor thread sends ``actor.health.remote()`` to each live engine every
   ``--rollout-health-check-interval`` seconds. An engine is *down* when a call to it raises
   ``RayActorError`` (its process died: SIGKILL, OOM, segfault), or a probe has gone unanswered
-  for ``--rollout-health-check-timeout`` seconds (hung: SIGSTOPped, deadlocked). A probe that
+  for ``--rollout-health-check-timeout`` seconds (hung: SIGSTOPped, deadlocked). Ray's
+  ``ActorUnavailableError`` is a ``RayActorError`` too: the engine is replaced, not waited for. A probe that
   answers ``False`` (asleep while colocated) is an answer: the engine is alive.
 * a down engine is taken out of the balance, its in-flight calls are cut off and *re-issued*
   (the whole prompt group, same rids) to the live engine with the fewest outstanding requests,
@@ -215,8 +216,12 @@ class TolerantEngineGroup(EngineGroup):
         tick = min(self.interval, self.timeout) / 4
         while not self._closed.wait(tick):
             for slot in self.slots:
-                if slot.up:
-                    self._check(slot)
+                try:
+                    with self._lock:
+                        if slot.up:
+                            self._check(slot)
+                except Exception:  # a monitor that dies silently would end fault tolerance: log, go on
+                    log.exception("health check of engine %d failed", slot.index)
             for slot in self.slots:
                 with self._lock:
                     due = not (slot.up or slot.removed or slot.restarting)
@@ -225,14 +230,14 @@ class TolerantEngineGroup(EngineGroup):
                     threading.Thread(target=self._restart_thread, args=(slot,), daemon=True).start()
 
     def _check(self, slot: Slot) -> None:
-        """Down if the probe in flight failed with the actor's death or has been unanswered for
+        """(Under the lock; nothing here blocks.) Down if the probe in flight failed with the actor's death or has been unanswered for
         longer than the timeout; otherwise start the next probe when one is due."""
         now, incarnation = time.monotonic(), slot.incarnation
         ref = self._probes.get(slot.index)
         if ref is not None:
             done, _ = ray.wait([ref], timeout=0)
             if done:
-                del self._probes[slot.index]
+                self._probes.pop(slot.index, None)
                 slot.probe_started = None
                 try:
                     ray.get(ref)  # True or False (asleep): either way the actor answered

@@ -7,8 +7,9 @@ its own process and bundle. Every ``generate`` call (one prompt group) goes to t
 the fewest outstanding requests, so long and short groups even out across engines.
 
 Engine actors are made by one method, ``EngineGroup.make(i)``, and ``EngineGroup.restart(i)``
-re-creates engine ``i`` and pushes the current weights and version to it: the seam for health
-checks and restarts (issue 9).
+re-creates engine ``i`` and pushes the current weights and version to it. With
+``--use-fault-tolerance`` the manager's group is a ``TolerantEngineGroup``
+(``rlvr/distributed/engine_faults.py``): engines health-checked, restarted, requests re-issued.
 
 Colocated (``--colocate``): after each rollout the engines ``sleep`` (their weights are freed
 while the trainer trains); ``update_weights`` wakes them and loads the new weights.

@@ -28,6 +28,8 @@ Seam for Ray: the restart policy (``_check``, ``_on_down``, ``_restart``) and th
 ``_probe_once``, ``_kill``, ``_push_weights`` and ``_post_generate``; a subclass for engine actors
 overrides those (a ``Slot``'s ``proc``/``url`` then hold the actor handle and its name) and keeps
 the rest. Each restart runs on a thread of its own, so the monitor keeps checking the other engines.
+(The Ray side, ``rlvr/distributed/engine_faults.py``, keeps this policy and ``Slot`` but not the
+class: an engine actor takes a whole prompt group per call and its weights from the object store.)
 """
 
 from __future__ import annotations
