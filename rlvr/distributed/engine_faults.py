@@ -78,7 +78,11 @@ class TolerantEngineGroup(EngineGroup):
 
     # ---- Engine protocol ----------------------------------------------------------------
     async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
-        """One prompt group, re-issued until an engine that is still up answers it."""
+        """One prompt group, re-issued until an engine that is still up answers it. A group
+        re-issued after ``abort()``, or with a request aborted by rid, comes back aborted (no tokens:
+        those it had were lost with its engine)."""
+        if not requests:
+            return []
         loop, epoch = asyncio.get_running_loop(), self._abort_epoch
         for attempt in range(self.max_restarts * len(self.slots) + len(self.slots) + 1):
             if self._abort_epoch != epoch or any(q.rid in self._aborted_rids for q in requests):
@@ -86,6 +90,8 @@ class TolerantEngineGroup(EngineGroup):
             slot = await self._pick()
             down = loop.create_future()
             with self._lock:
+                if not slot.up:  # went down since it was picked
+                    continue
                 incarnation, actor = slot.incarnation, slot.proc
                 slot.outstanding += len(requests)
                 slot.down_waiters.append((loop, down))
