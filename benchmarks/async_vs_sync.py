@@ -13,7 +13,8 @@ demo's test split (what the demo measures). The demo's GRPO settings are used
 would make the comparison about the filter rather than the tail.
 
 ``--engine-process`` samples on one supervised ``rlvr serve`` process (one thread) instead of
-the in-process engine, in both modes. Both runs use the same checkpoint, data, seed and budget (``--num-rollout`` rollouts of 16 x 8
+the in-process engine, in both modes; ``--ray`` runs both modes on a local Ray cluster, the
+training rank and the engine each an actor of its own (no interpreter lock shared between them). Both runs use the same checkpoint, data, seed and budget (``--num-rollout`` rollouts of 16 x 8
 samples) on the embedded engine in one process; async adds ``--async --max-staleness K
 --rollout-concurrency C``. Reported per mode: wall time of the training loop, seconds per 100
 trained samples, held-out accuracy after the same number of trained samples, mean staleness;
@@ -85,6 +86,8 @@ def train(mode: str, work: Path, data: tuple[Path, Path, Path], a: argparse.Name
             "--dynamic-sampling-filter-path", "none"]
     if a.engine_process:  # the engine in a server process of its own (one thread), beside the trainer
         args += ["--use-fault-tolerance", "--rollout-num-engines", "1"]
+    if a.ray:  # one training rank and one engine, each an actor (a process and a CPU bundle) of its own
+        args += ["--ray", "--rollout-num-engines", "1"]
     if mode == "async":
         args += ["--async", "--max-staleness", str(a.max_staleness), "--rollout-concurrency", str(a.concurrency)]
     cfg = parse_config(args)
@@ -127,6 +130,8 @@ def main() -> None:
     p.add_argument("--tag", default="", help="prefix of the runs' directories under --work")
     p.add_argument("--engine-process", action="store_true",
                    help="sample on a supervised `rlvr serve` process instead of the in-process engine")
+    p.add_argument("--ray", action="store_true",
+                   help="run on a local Ray cluster: the trainer and the engine in actors of their own")
     a = p.parse_args()
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -136,7 +141,7 @@ def main() -> None:
     for mode in a.modes:
         results[mode] = train(mode, work, data, a)
         print(mode, results[mode], flush=True)
-    out = {"benchmark": "async_vs_sync", "engine": "process" if a.engine_process else "embedded",
+    out = {"benchmark": "async_vs_sync", "engine": "ray" if a.ray else "process" if a.engine_process else "embedded",
            "torch_threads": torch.get_num_threads(), "num_rollout": a.num_rollout, "samples_per_rollout": 128,
            "max_staleness": a.max_staleness, "concurrency": a.concurrency, "seed": a.seed,
            "loadavg_1m_before": round(load_before, 2), "loadavg_1m_after": round(os.getloadavg()[0], 2), **results}

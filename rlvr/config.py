@@ -460,6 +460,10 @@ class Config:
              "--train-backend fsdp keeps float32 parameters; drop --bf16 or use ddp"),
             ("--ref-update-interval", self.train.ref_update_interval is not None and c.train_backend == "fsdp",
              "not supported with --train-backend fsdp yet; use ddp"),
+            ("--async", self.asynchronous.async_train and c.colocate,
+             "sampling and training overlap, so they cannot time-share bundles; drop --colocate"),
+            ("--check-weight-update-equal", self.asynchronous.async_train and c.check_weight_update_equal,
+             "not checked on the producer's asynchronous weight pushes yet; drop it or --async"),
         ]
         for flag, bad, why in refused:
             if bad:

@@ -297,13 +297,16 @@ def next_batch(cfg: Config, rollout: Rollout, rollout_id: int) -> RolloutBatch:
     return batch
 
 
-def batch_source(cfg: Config, c: Components, start: int) -> SyncBatches | AsyncProducer:
-    """Where batches come from: generated on request, or by the ``--async`` producer thread."""
+def batch_source(cfg: Config, c: Components, start: int):
+    """Where batches come from: generated on request (``SyncBatches``), or by the ``--async``
+    producer -- a thread beside the trainer, or under ``--ray`` one on the rollout manager actor."""
     a, r = cfg.asynchronous, cfg.rollout
     if not a.async_train:
         return SyncBatches(c.rollout, lambda rollout_id: next_batch(cfg, c.rollout, rollout_id))
-    return AsyncProducer(c.rollout, r.rollout_concurrency or r.rollout_batch_size, a.max_staleness,
-                         a.weight_update_inflight, version=start)
+    args = (r.rollout_concurrency or r.rollout_batch_size, a.max_staleness, a.weight_update_inflight, start)
+    if cfg.cluster.ray:  # the producer runs on the rollout manager actor, beside the engines
+        return c.rollout.async_source(*args)
+    return AsyncProducer(c.rollout, *args)
 
 
 def run(cfg: Config, console: bool = True) -> Path:

@@ -201,6 +201,31 @@ class RolloutManager:
     def restart_engine(self, i: int) -> None:
         self.engines.restart(i)
 
+    # ---- --async: the producer runs here, beside the engines (rlvr.rollout.producer) ----------
+    def start_producer(self, concurrency: int, max_staleness: int, inflight: str, version: int) -> None:
+        from rlvr.rollout.producer import AsyncProducer
+
+        self.producer = AsyncProducer(self.rollout, concurrency, max_staleness, inflight, version=version)
+
+    def next_batch(self, rollout_id: int) -> RolloutBatch:
+        return self.producer.next_batch(rollout_id)
+
+    def push_weights(self, refs: list, version: int) -> None:
+        """``refs`` = [weights ref] (in a list: the producer's thread hands the ref to the engines)."""
+        self.producer.update_weights(refs[0], version)
+
+    def wait_for_weights(self) -> None:
+        self.producer.wait_for_weights()
+
+    def producer_data_state(self) -> dict:
+        return self.producer.data_state()
+
+    def pending_groups(self) -> list:
+        return self.producer.pending_groups()
+
+    def close_producer(self) -> None:
+        self.producer.close()
+
     def health(self) -> list[bool]:
         return self.engines.health()
 
@@ -265,6 +290,11 @@ class RayRollout:
     def restart_engine(self, i: int) -> None:
         get_one(self.manager.restart_engine.remote(i))
 
+    def async_source(self, concurrency: int, max_staleness: int, inflight: str, version: int) -> RayAsyncSource:
+        """``--async``: the producer on the manager actor; the driver's batch source is a proxy."""
+        get_one(self.manager.start_producer.remote(concurrency, max_staleness, inflight, version))
+        return RayAsyncSource(self.manager)
+
     def health(self) -> list[bool]:
         return get_one(self.manager.health.remote())
 
@@ -276,3 +306,35 @@ class RayRollout:
 
     def engine_events(self) -> list[dict]:
         return get_one(self.manager.engine_events.remote())
+
+class RayAsyncSource:
+    """The loop's batch source under ``--ray --async``: each method one call to the producer on
+    the rollout manager (the same contract as ``rlvr.rollout.producer.AsyncProducer``)."""
+
+    def __init__(self, manager):
+        self.manager = manager
+
+    def next_batch(self, rollout_id: int) -> RolloutBatch:
+        return get_one(self.manager.next_batch.remote(rollout_id))
+
+    def update_weights(self, weights: WeightsRef, version: int) -> None:
+        get_all(weights.others)  # every rank has finished the call that produced the weights
+        get_one(self.manager.push_weights.remote([weights.weights], version))
+
+    def wait_for_weights(self) -> None:
+        get_one(self.manager.wait_for_weights.remote())
+
+    def data_state(self) -> dict:
+        return get_one(self.manager.producer_data_state.remote())
+
+    def pending_groups(self) -> list:
+        return get_one(self.manager.pending_groups.remote())
+
+    def close(self) -> None:
+        get_one(self.manager.close_producer.remote())
+
+    def __enter__(self) -> RayAsyncSource:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -192,9 +192,10 @@ class AsyncProducer:
         return sorted(must, key=lambda g: (self._deadline[g[0].group_uid], _draw(g))) + due[: b - len(must)]
 
     def update_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
-        """Hand the producer new weights; it applies them to the engine on its own thread (a copy
-        is taken: the trainer goes on changing its parameters)."""
-        snapshot = {k: v.detach().clone() for k, v in weights.items()}
+        """Hand the producer new weights; it applies them to the engine on its own thread. Live
+        tensors (a mapping) are copied, since the trainer goes on changing its parameters; anything
+        else -- under Ray, an object-store reference -- is a snapshot already and passes as it is."""
+        snapshot = {k: v.detach().clone() for k, v in weights.items()} if isinstance(weights, Mapping) else weights
         with self._cv:
             self._pending_weights = (snapshot, version)  # a newer push supersedes one not yet applied
         self._notify()
