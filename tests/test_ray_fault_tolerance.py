@@ -34,18 +34,27 @@ def ray_cluster():
     ray.shutdown()
 
 
+def raylet_pid() -> int:
+    """The raylet of the cluster this test started: Ray's worker processes are its children."""
+    from ray._private import ray_constants
+    from ray._private.worker import _global_node
+
+    return _global_node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
+
+
 def engine_pids() -> list[int]:
-    """Live engine actor processes of this machine (Ray titles them ``ray::EngineActor...``)."""
-    pids = []
+    """Live engine actor processes of this test's cluster (Ray titles them ``ray::EngineActor...``;
+    only children of this cluster's raylet, so another Ray job on the machine is never touched)."""
+    pids, raylet = [], raylet_pid()
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
             cmd = (d / "cmdline").read_bytes()
-            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
+            state, ppid = (d / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, IndexError, ValueError):
             continue
-        if cmd.startswith(b"ray::EngineActor") and state not in ("Z", "T"):
+        if cmd.startswith(b"ray::EngineActor") and state not in ("Z", "T") and int(ppid) == raylet:
             pids.append(int(d.name))
     return sorted(pids)
 
@@ -97,7 +106,9 @@ def test_chaos_two_sigkills_during_rollout(ray_cluster, tiny_qwen2, arith_files,
 
     out = tmp_path / "run"
     extra = ["--async", "--max-staleness", "1", "--rollout-concurrency", "8"] if mode == "async" else []
-    cfg = parse_config(ft_args(tiny_qwen2, arith_files[0], out, "--num-rollout", "6", *extra))
+    # 10 rollouts: the kills come after rollouts 0 and 1, and the rest leave the second replacement
+    # (a new worker importing torch: 5-12 s here) time to come up before the run ends.
+    cfg = parse_config(ft_args(tiny_qwen2, arith_files[0], out, "--num-rollout", "10", *extra))
     kills: list = []
     stop = threading.Event()
     chaos = threading.Thread(target=killer, args=(out, random.Random(9), kills, stop), daemon=True)
@@ -113,7 +124,7 @@ def test_chaos_two_sigkills_during_rollout(ray_cluster, tiny_qwen2, arith_files,
     rows = _ledger(run_dir)
     _check_exactly_once(rows, n=2, batch=4)
     trained = [r for r in rows if r["trained"]]
-    assert len(trained) == 6 * 8 and all(r["status"] != "failed" for r in trained)
+    assert len(trained) == 10 * 8 and all(r["status"] != "failed" for r in trained)
     # the restarts are visible in the metrics and the logs
     rollouts = [r for r in read_metrics(run_dir) if "rollout/step" in r]
     last = rollouts[-1]
