@@ -41,7 +41,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from rlvr.distributed.rollout_manager import EngineGroup
 from rlvr.engine.base import GenerateRequest, GenerateResult
-from rlvr.engine.supervisor import Slot, _settle
+from rlvr.engine.supervisor import RestartPolicy, Slot, _settle
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class EnginesLost(RuntimeError):
     """Every engine was removed after --rollout-max-engine-restarts restarts."""
 
 
-class TolerantEngineGroup(EngineGroup):
+class TolerantEngineGroup(RestartPolicy, EngineGroup):
     """``EngineGroup`` whose engines are health-checked, restarted and re-issued; see the module
     docstring. ``slots[i].proc`` is engine ``i``'s current actor handle, ``slots[i].url`` its pid."""
 
@@ -163,13 +163,6 @@ class TolerantEngineGroup(EngineGroup):
         while not slot.up and not slot.removed and time.monotonic() < deadline:
             time.sleep(0.05)
 
-    def stats(self) -> dict[str, float]:
-        """Cumulative counters for the rollout's metrics (the supervisor's names)."""
-        with self._lock:
-            return {"rollout/engine_restarts": float(self.restarts),
-                    "rollout/engine_reissued_requests": float(self.reissued),
-                    "rollout/engines_up": float(sum(s.up for s in self.slots))}
-
     def pids(self) -> list[int | None]:
         """Each engine's current process id (None while it is down)."""
         with self._lock:
@@ -274,24 +267,9 @@ class TolerantEngineGroup(EngineGroup):
                 pass
         ray.kill(slot.proc)  # SIGKILL from the raylet if it does not exit: a stopped process cannot
 
-    def _restart_thread(self, slot: Slot) -> None:
-        try:
-            self._restart(slot)
-        finally:
-            with self._lock:
-                slot.restarting = False
-
     def _restart(self, slot: Slot) -> None:
-        if slot.restarts >= self.max_restarts:
-            slot.removed = True
-            self.events.append({"time": time.time(), "slot": slot.index, "pid": None, "event": "removed",
-                                "reason": f"restarted {slot.restarts} times"})
-            log.error("engine %d keeps dying (restarted %d times, --rollout-max-engine-restarts): removed; %d left",
-                      slot.index, slot.restarts, sum(not s.removed for s in self.slots))
+        if not self._take_restart(slot):
             return
-        slot.restarts += 1
-        with self._lock:
-            self.restarts += 1
         t0 = time.monotonic()
         actor = self.make(slot.index)
         try:

@@ -89,7 +89,43 @@ class Slot:
     down_waiters: list = field(default_factory=list)  # (loop, future) of attempts to cancel when it goes down
 
 
-class EngineSupervisor:
+class RestartPolicy:
+    """The restart bookkeeping both supervised engine groups share (this module's
+    ``EngineSupervisor`` and the Ray side's ``TolerantEngineGroup``): the restart budget, the
+    restart thread and the counters. The host class sets ``slots``, ``_lock`` (an RLock),
+    ``max_restarts``, ``restarts``, ``reissued``, ``events`` and defines ``_restart(slot)``."""
+
+    def stats(self) -> dict[str, float]:
+        """Cumulative counters for the rollout's metrics."""
+        with self._lock:
+            return {"rollout/engine_restarts": float(self.restarts),
+                    "rollout/engine_reissued_requests": float(self.reissued),
+                    "rollout/engines_up": float(sum(s.up for s in self.slots))}
+
+    def _restart_thread(self, slot: Slot) -> None:
+        try:
+            self._restart(slot)
+        finally:
+            with self._lock:
+                slot.restarting = False
+
+    def _take_restart(self, slot: Slot) -> bool:
+        """Count one more restart of ``slot``; False (and the slot removed for good) once it has
+        used its ``--rollout-max-engine-restarts``."""
+        if slot.restarts >= self.max_restarts:
+            slot.removed = True
+            self.events.append({"time": time.time(), "slot": slot.index, "pid": None, "event": "removed",
+                                "reason": f"restarted {slot.restarts} times"})
+            log.error("engine %d keeps dying (restarted %d times, --rollout-max-engine-restarts): removed; %d left",
+                      slot.index, slot.restarts, sum(not s.removed for s in self.slots))
+            return False
+        slot.restarts += 1
+        with self._lock:
+            self.restarts += 1
+        return True
+
+
+class EngineSupervisor(RestartPolicy):
     """``Engine`` over supervised ``rlvr serve`` processes; see the module docstring."""
 
     def __init__(self, checkpoint: str, num_engines: int = 1, *, fault_tolerance: bool = True,
@@ -175,13 +211,6 @@ class EngineSupervisor:
 
     def health(self) -> bool:
         return any(s.up for s in self.slots)
-
-    def stats(self) -> dict[str, float]:
-        """Cumulative counters for the rollout's metrics."""
-        with self._lock:
-            return {"rollout/engine_restarts": float(self.restarts),
-                    "rollout/engine_reissued_requests": float(self.reissued),
-                    "rollout/engines_up": float(sum(s.up for s in self.slots))}
 
     def close(self) -> None:
         if self._closed.is_set():
@@ -277,13 +306,6 @@ class EngineSupervisor:
                 if due and not self._closed.is_set():  # each restart on a thread of its own: checks go on
                     threading.Thread(target=self._restart_thread, args=(slot,), daemon=True).start()
 
-    def _restart_thread(self, slot: Slot) -> None:
-        try:
-            self._restart(slot)
-        finally:
-            with self._lock:
-                slot.restarting = False
-
     def _check(self, slot: Slot) -> None:
         """Down if the process exited or a probe has been unanswered for longer than the timeout;
         otherwise start the next probe when one is due."""
@@ -340,16 +362,8 @@ class EngineSupervisor:
             slot.removed = True
 
     def _restart(self, slot: Slot) -> None:
-        if slot.restarts >= self.max_restarts:
-            slot.removed = True
-            self.events.append({"time": time.time(), "slot": slot.index, "pid": None, "event": "removed",
-                                "reason": f"restarted {slot.restarts} times"})
-            log.error("engine %d keeps dying (restarted %d times, --rollout-max-engine-restarts): removed; %d left",
-                      slot.index, slot.restarts, sum(not s.removed for s in self.slots))
+        if not self._take_restart(slot):
             return
-        slot.restarts += 1
-        with self._lock:
-            self.restarts += 1
         t0, proc = time.monotonic(), None
         try:
             proc, url = self._launch(slot)
