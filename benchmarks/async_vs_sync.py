@@ -39,7 +39,8 @@ import torch
 from rlvr.config import parse_config
 from rlvr.data.arith import make_splits, write_jsonl
 from rlvr.demo import ASSETS, prepare_assets
-from rlvr.loop import run, run_sft
+from rlvr.loop import run
+from rlvr.sft import run_sft
 from rlvr.observe import read_metrics
 
 TAIL_FRACTION, TAIL_K = 0.15, (6, 30)

@@ -44,19 +44,19 @@ N_PROMPTS, N_SAMPLES, MAX_NEW = 8, 8, 32
 
 
 def run_rlvr(model: Path, data: Path, out: Path, steps: int) -> tuple[list[float], list[float]]:
-    import rlvr.loop
+    import rlvr.observe.run_files
     from rlvr.config import parse_config
     from rlvr.loop import run
 
     ends: list[tuple[float, float]] = []
 
-    class ClockedLogger(rlvr.loop.MetricsLogger):  # the loop's own logger, noting when each step ends
+    class ClockedLogger(rlvr.observe.run_files.MetricsLogger):  # the loop's own logger, noting when each step ends
         def log(self, metrics, step_key, step):
             super().log(metrics, step_key, step)
             if step_key == "rollout/step":
                 ends.append((time.perf_counter(), time.process_time()))
 
-    rlvr.loop.MetricsLogger = ClockedLogger
+    rlvr.observe.run_files.MetricsLogger = ClockedLogger
 
     cfg = parse_config(["--hf-checkpoint", str(model), "--prompt-data", str(data), "--rm-type", "math",
                         "--rollout-batch-size", str(N_PROMPTS), "--n-samples-per-prompt", str(N_SAMPLES),
@@ -108,7 +108,7 @@ def sft_model(base: Path, data: Path, out: Path, steps: int) -> Path:
     if (out / "config.json").is_file():
         return out
     from rlvr.config import parse_config
-    from rlvr.loop import run_sft
+    from rlvr.sft import run_sft
 
     cfg = parse_config(["--hf-checkpoint", str(base), "--prompt-data", str(data), "--rollout-batch-size", "64",
                         "--num-rollout", str(steps), "--lr", "1e-3", "--adam-beta2", "0.999", "--clip-grad", "0",

@@ -16,9 +16,9 @@ Atomicity: a checkpoint is written under ``rollout_000004.tmp/`` and renamed onc
 the pointer file is replaced with ``os.replace``. A crash at any moment leaves the pointer naming
 a complete checkpoint; a leftover ``*.tmp`` directory is removed by the next save.
 
-``RLVR_TEST_SIGKILL_AT`` (tests only) makes the process SIGKILL itself at a named point,
-``rollout:N`` (in the middle of rollout N, 0-based) or ``save:N`` (half-way through writing the
-checkpoint after N rollouts), so the crash tests are deterministic.
+Crash tests (``rlvr.testing.crash_point``) SIGKILL the process at a named point, ``rollout:N`` (in
+the middle of rollout N, 0-based) or ``save:N`` (half-way through writing the checkpoint after N
+rollouts), so they are deterministic.
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ import os
 import random
 import re
 import shutil
-import signal
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from rlvr.testing import crash_point
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +44,6 @@ _NAME = re.compile(r"^rollout_(\d{6,})$")
 
 def checkpoint_name(rollout_id: int) -> str:
     return f"rollout_{rollout_id:06d}"
-
-
-def crash_hook(point: str) -> None:
-    """SIGKILL this process when ``RLVR_TEST_SIGKILL_AT`` equals ``point`` (crash tests)."""
-    if os.environ.get("RLVR_TEST_SIGKILL_AT") == point:
-        log.warning("RLVR_TEST_SIGKILL_AT=%s: killing this process", point)
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 # ---- RNG states ----------------------------------------------------------------------------
@@ -88,7 +82,7 @@ def save_checkpoint(save_dir: str | Path, rollout_id: int, trainer, tokenizer, r
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     trainer.save(tmp, tokenizer=tokenizer, extra={"rollout_id": rollout_id})
-    crash_hook(f"save:{rollout_id}")  # the crash test kills here: model written, run state not yet
+    crash_point(f"save:{rollout_id}")  # the crash test kills here: model written, run state not yet
     torch.save({**run_state, "rollout_id": rollout_id}, tmp / RUN_STATE_FILE)
     (tmp / "config.yaml").write_text(config_yaml)
     shutil.rmtree(final, ignore_errors=True)

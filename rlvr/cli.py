@@ -33,7 +33,7 @@ def _train(argv: list[str]) -> None:
 def _sft(argv: list[str]) -> None:
     from pathlib import Path
 
-    from rlvr.loop import run_sft
+    from rlvr.sft import run_sft
 
     cfg = _config_with_assets(argv, "rlvr sft", rl=False)
     out = run_sft(cfg, cfg.run.save or Path(cfg.run.output_dir) / "model")
@@ -43,14 +43,14 @@ def _sft(argv: list[str]) -> None:
 def _eval(argv: list[str]) -> None:
     from rlvr.config import build_config, make_parser, merged_values
     from rlvr.errors import ConfigError
-    from rlvr.loop import run_eval
+    from rlvr.evaluate import run_eval
+    from rlvr.fields import check_bounds
 
     values = merged_values(make_parser("rlvr eval").parse_args(argv))
     cfg = build_config(values)
-    cfg.train.validate()
-    cfg.data.validate()
-    cfg.eval.validate()
-    cfg.rollout.validate()
+    for group in (cfg.train, cfg.data, cfg.eval, cfg.rollout):  # no RL, so only these groups matter
+        check_bounds(group)
+        group.validate()
     if not cfg.eval.eval_prompt_data:
         raise ConfigError("--eval-prompt-data", "is required: NAME PATH [NAME PATH ...] or one PATH")
     metrics = run_eval(cfg)
@@ -74,7 +74,7 @@ def _export(argv: list[str]) -> None:
 
     from rlvr.checkpoint import find_checkpoint
     from rlvr.errors import ConfigError
-    from rlvr.loop import export_hf
+    from rlvr.build import export_hf
 
     p = argparse.ArgumentParser(prog="rlvr export", description="write a plain Hugging Face checkpoint "
                                 "(model + tokenizer, no optimizer) from a training checkpoint")

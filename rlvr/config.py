@@ -27,7 +27,7 @@ import yaml
 from rlvr.algo.config import AlgoConfig
 from rlvr.distributed.config import ClusterConfig
 from rlvr.errors import ConfigError
-from rlvr.fields import flag_of
+from rlvr.fields import check_bounds, choices_of, flag_of, help_of
 from rlvr.fields import option as _f
 from rlvr.rewards.config import RewardConfig
 
@@ -404,6 +404,7 @@ class Config:
     def validate(self, rl: bool = True) -> Config:
         """Check every group, then the cross-group rules; ``rl=False`` (SFT) skips the RL-only ones."""
         for group in GROUPS:
+            check_bounds(getattr(self, group))  # declared on the fields (rlvr.fields)
             getattr(self, group).validate()
         if self.data.prompt_data is None:
             raise ConfigError("--prompt-data", "is required: a JSONL or Parquet file, or a datasets directory, of prompts")
@@ -533,15 +534,15 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         section = parser.add_argument_group(group, cls.__doc__)
         for f in fields(cls):
             tp, is_list = _base_type(f.type)
-            kwargs: dict[str, Any] = dict(dest=f.name, default=argparse.SUPPRESS, help=f.metadata["help"])
+            kwargs: dict[str, Any] = dict(dest=f.name, default=argparse.SUPPRESS, help=help_of(f))
             if tp is bool:
                 kwargs["action"] = argparse.BooleanOptionalAction
             else:
                 kwargs["type"] = _or_none(tp) if _optional(f.type) else tp
                 if is_list:
                     kwargs["nargs"] = "+"
-                if "choices" in f.metadata:
-                    kwargs["choices"] = f.metadata["choices"]
+                if choices_of(f) is not None:  # asked now: names registered by user code count
+                    kwargs["choices"] = choices_of(f)
             section.add_argument(f.metadata.get("flag", flag_of(f.name)), **kwargs)
 
 
@@ -591,7 +592,7 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         value = tp(value)
     except (TypeError, ValueError):
         raise ConfigError(flag_of(name), f"{source}: expected {tp.__name__}, got {value!r}") from None
-    choices = f.metadata.get("choices")
+    choices = choices_of(f)
     if choices is not None and value not in choices:
         raise ConfigError(flag_of(name), f"{source}: unknown value {value!r}; valid: {', '.join(choices)}")
     return value

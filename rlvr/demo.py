@@ -35,7 +35,7 @@ def is_example_asset(path: str | None) -> bool:
 
 def prepare_assets(console: bool = True, sft: bool = True) -> None:
     """Build whatever of the demo's assets is missing (seconds for data/model, ~7 min for SFT)."""
-    from rlvr.loop import run_sft
+    from rlvr.sft import run_sft
 
     if not (ASSETS / "train.jsonl").is_file() or not (ASSETS / "test.jsonl").is_file():
         log.info("writing the arithmetic task to %s", ASSETS)

@@ -13,7 +13,8 @@ from rlvr.config import RolloutConfig, parse_config
 from rlvr.data.dataset import DataSource, PromptRecord
 from rlvr.engine.embedded import EmbeddedEngine
 from rlvr.errors import ConfigError
-from rlvr.loop import load_tokenizer, run
+from rlvr.build import load_tokenizer
+from rlvr.loop import run
 from rlvr.observe import read_metrics
 from rlvr.rewards import Grader, RewardConfig
 from rlvr.rollout.producer import AsyncProducer

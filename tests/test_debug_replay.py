@@ -77,7 +77,7 @@ def test_eval_sampling_flags_reach_the_engine(tiny_qwen2, arith_files, tmp_path)
     """--eval-top-k 1 at temperature 1 draws the argmax: the same responses as greedy eval; and
     pass@k / truncated_ratio are reported per set."""
     from rlvr.config import build_config
-    from rlvr.loop import run_eval
+    from rlvr.evaluate import run_eval
 
     small = tmp_path / "test.jsonl"
     small.write_text("".join(arith_files[1].read_text().splitlines(keepends=True)[:24]))

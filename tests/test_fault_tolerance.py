@@ -167,7 +167,7 @@ def test_an_engine_that_keeps_dying_is_removed(tiny_qwen2, tmp_path):
 
 def test_chaos_run_ledger_is_json(tmp_path):
     """(the ledger helper reads what ``write_ledger`` writes)"""
-    from rlvr.loop import write_ledger
+    from rlvr.observe.run_files import write_ledger
     from rlvr.types import Sample
 
     s = Sample("p", [1], uid="0/0", response_ids=[5, 6], weight_versions=[1, 2])

@@ -186,7 +186,7 @@ def test_rollout_grades_each_group_as_it_finishes_and_counts_failures(tiny_qwen2
     from rlvr.config import RolloutConfig
     from rlvr.data.dataset import DataSource, PromptRecord
     from rlvr.engine.embedded import EmbeddedEngine
-    from rlvr.loop import load_tokenizer
+    from rlvr.build import load_tokenizer
 
     graded: dict[int, float] = {}
     (tmp_path / "timed_rewards.py").write_text(textwrap.dedent('''

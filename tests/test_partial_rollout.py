@@ -11,7 +11,7 @@ from rlvr.config import RolloutConfig
 from rlvr.data.dataset import DataSource, PromptRecord
 from rlvr.engine.base import GenerateRequest, SamplingParams
 from rlvr.engine.embedded import EmbeddedEngine
-from rlvr.loop import load_tokenizer
+from rlvr.build import load_tokenizer
 from rlvr.rewards import Grader, RewardConfig
 from rlvr.rollout.rollout import Rollout
 from rlvr.types import Sample, Status

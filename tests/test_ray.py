@@ -70,7 +70,7 @@ def gradient_error(argv: list[str], samples) -> float:
 
     from rlvr.distributed.placement import placement_group, plan
     from rlvr.distributed.train_group import RayTrainer
-    from rlvr.loop import make_trainer
+    from rlvr.build import make_trainer
 
     cfg = parse_config(argv)
     p = plan(cfg.cluster, 0)

@@ -124,7 +124,7 @@ def test_sigkill_mid_save_leaves_previous_checkpoint_loadable(tiny_qwen2, arith_
 def test_resume_cuts_records_logged_after_the_checkpoint(tmp_path):
     """A crash between a checkpoint and the next one leaves records (and maybe a half-written
     line) that the resumed run will log again: they are cut, the rest is kept as it was."""
-    from rlvr.loop import truncate_streams
+    from rlvr.observe.run_files import truncate_streams
 
     rows = [{"eval/step": 0, "eval/a/score": 0.1}, {"train/step": 2, "train/loss": 1.0},
             {"rollout/step": 0, "rollout/raw_reward": 0.5}, {"train/step": 4, "train/loss": 0.9},

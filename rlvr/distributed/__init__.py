@@ -6,9 +6,10 @@
     weight_sync.py      rank 0 -> object store -> engines, versioned, checksummed
     failures.py         the first actor failure stops the run, with its traceback
 
-``start_on_ray(cfg)`` returns ``(rollout, trainer, close)``; ``rlvr.loop.build`` puts them in its
-``Components`` and ``run`` calls ``close`` on every exit (normal end, exception, Ctrl-C): actors
-killed, placement group removed, and the local Ray cluster stopped when this run started it.
+``start_on_ray(cfg)`` returns the driver's ``Components`` (``rlvr.build``) whose rollout and trainer
+are proxies of the actor groups; the driver (``rlvr.loop.run``) calls ``close`` on every exit (normal
+end, exception, Ctrl-C): actors killed, placement group removed, and the local Ray cluster stopped
+when this run started it.
 """
 
 from __future__ import annotations
@@ -19,12 +20,24 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
+    from rlvr.build import Components
     from rlvr.config import Config
 
 log = logging.getLogger(__name__)
 
 
-def start_on_ray(cfg: Config) -> tuple[object, object, Callable[[], None]]:
+def start_on_ray(cfg: Config) -> Components:
+    """The run's components on Ray: training ranks and rollout engines as actors."""
+    from rlvr.build import Components, check_fits_micro_batch, load_tokenizer, open_training_data, read_eval_sets
+
+    tokenizer = load_tokenizer(cfg.train.hf_checkpoint)
+    check_fits_micro_batch(cfg, open_training_data(cfg, tokenizer))  # refused before any actor starts
+    rollout, trainer, close = start_actors(cfg)
+    return Components(tokenizer, rollout, trainer, read_eval_sets(cfg), close)
+
+
+def start_actors(cfg: Config) -> tuple[object, object, Callable[[], None]]:
+    """(rollout proxy, trainer proxy, close) of the actor groups."""
     import ray
     from ray.util.placement_group import remove_placement_group
 

@@ -42,7 +42,7 @@ class EngineActor:
     def __init__(self, cfg: Config, index: int, cwd: str):
         actor_setup(cwd)
         from rlvr.engine.embedded import EmbeddedEngine
-        from rlvr.loop import load_tokenizer
+        from rlvr.build import load_tokenizer
 
         tokenizer = load_tokenizer(cfg.train.hf_checkpoint)
         # Engine i samples from its own stream (seed + i); one engine samples as local mode's does.
@@ -164,7 +164,7 @@ class RolloutManager:
 
     def __init__(self, cfg: Config, pg, p: Plan, cwd: str):
         actor_setup(cwd)
-        from rlvr.loop import load_tokenizer, make_rollout, open_training_data
+        from rlvr.build import load_tokenizer, make_rollout, open_training_data
 
         self.cfg = cfg
         tokenizer = load_tokenizer(cfg.train.hf_checkpoint)

@@ -55,7 +55,7 @@ class TrainWorker:
     def setup(self, host: str, port: int) -> int:
         import torch.distributed as dist
 
-        from rlvr.loop import make_trainer
+        from rlvr.build import make_trainer
         from rlvr.train.parallel import DataParallel
 
         backend = "nccl" if self.cfg.cluster.uses_gpus else "gloo"

@@ -330,7 +330,7 @@ async def _errors(request: web.Request, handler):
 
 def main(argv: list[str]) -> None:
     from rlvr.errors import ConfigError
-    from rlvr.loop import load_tokenizer
+    from rlvr.data.tokenizer import load_tokenizer
 
     p = argparse.ArgumentParser(prog="rlvr serve", description="serve a HF checkpoint over SGLang's HTTP protocol")
     p.add_argument("--hf-checkpoint", required=True, help="Hugging Face checkpoint directory")

@@ -13,7 +13,7 @@ Micro-batches are packed (``packing.py``: no padding, attention within each samp
 token count (``batching.micro_batches``: first-fit count, Karmarkar–Karp balance, never over the
 cap, never empty) or by sample count. A sample longer than ``--max-tokens-per-gpu`` on its own is
 left out of training (its loss mask is zeroed; ``train/overlong_samples`` counts it); when the
-lengths can be known in advance, config validation and ``loop.build`` reject the setting instead.
+lengths can be known in advance, config validation and ``rlvr.build`` reject the setting instead.
 
 A non-finite loss or gradient norm skips the optimizer step (``guard.py``). With ``--bf16`` the
 model runs in bfloat16 and AdamW updates float32 master copies of the weights.
