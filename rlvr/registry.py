@@ -37,6 +37,11 @@ class Registry(Generic[T]):
 
         return deco
 
+    def unregister(self, name: str) -> None:
+        """Remove a name (a plugin's test cleaning up after itself); unknown names fail as lookups do."""
+        self[name]
+        del self._items[name]
+
     def __getitem__(self, name: str) -> T:
         try:
             return self._items[name]

@@ -8,6 +8,9 @@ algorithm code receives ``cfg.algo`` (an ``AlgoConfig``) and tensors. See docs/a
 from rlvr.algo.advantages import (
     ADVANTAGES,
     AdvantageInputs,
+    Estimator,
+    estimator_of,
+    register_estimator,
     discounted_returns,
     gae,
     group_normalize,
@@ -26,6 +29,8 @@ from rlvr.algo.corrections import (
 from rlvr.algo.kl import KL, compute_approx_kl
 from rlvr.algo.policy_loss import (
     POLICY_LOSSES,
+    PolicyLoss,
+    register_policy_loss,
     compute_cispo_loss,
     compute_policy_loss,
     compute_value_loss,
@@ -39,6 +44,8 @@ __all__ = [
     "TIS_MODES",
     "AdvantageInputs",
     "AlgoConfig",
+    "Estimator",
+    "PolicyLoss",
     "aggregate_loss",
     "apply_corrections",
     "compute_approx_kl",
@@ -46,6 +53,7 @@ __all__ = [
     "compute_policy_loss",
     "compute_value_loss",
     "discounted_returns",
+    "estimator_of",
     "gae",
     "global_denominator",
     "group_normalize",
@@ -55,6 +63,8 @@ __all__ = [
     "masked_whiten",
     "opsm_mask",
     "policy_loss_name",
+    "register_estimator",
+    "register_policy_loss",
     "score_centering_loss",
     "tis_weights",
 ]

@@ -41,7 +41,6 @@ from transformers import AutoModelForCausalLM
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from rlvr.algo import (
-    ADVANTAGES,
     POLICY_LOSSES,
     AdvantageInputs,
     AlgoConfig,
@@ -49,6 +48,7 @@ from rlvr.algo import (
     apply_corrections,
     compute_approx_kl,
     compute_value_loss,
+    estimator_of,
     global_denominator,
     masked_mean,
     masked_whiten,
@@ -141,7 +141,7 @@ class Trainer:
             p.detach().float().clone().requires_grad_(True) for p in self.params]
         self.optimizer = self._adamw(self.master, train.lr)
         # PPO's critic (GAE needs values); every other estimator is critic-free.
-        self.critic = Critic(train.critic_load or train.hf_checkpoint) if algo.advantage_estimator == "ppo" else None
+        self.critic = Critic(train.critic_load or train.hf_checkpoint) if estimator_of(algo).needs_critic else None
         self.critic_optimizer = (
             self._adamw(self.critic.parameters(), train.critic_lr or train.lr) if self.critic is not None else None
         )
@@ -200,7 +200,7 @@ class Trainer:
         rewards = torch.tensor([s.scalar_reward() for s in samples], dtype=torch.float32)
         inputs = AdvantageInputs(rewards, mask, self.n_samples_per_prompt, log_probs=None if p0_in_loss else old_lp,
                                  ref_log_probs=ref_lp, values=old_values, train_metadata=collate_train_metadata(samples, width))
-        advantages, returns = ADVANTAGES[algo.advantage_estimator](inputs, algo)
+        advantages, returns = estimator_of(algo)(inputs, algo)
         if algo.normalize_advantages:
             advantages = masked_whiten(advantages, mask)
         pg_loss_fn = POLICY_LOSSES[policy_loss_name(algo)]
