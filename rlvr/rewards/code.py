@@ -153,7 +153,7 @@ class CodeReward:
 
 
 def _register() -> None:
-    from rlvr.rewards import REWARDS
+    from rlvr.rewards.registry import REWARDS
 
     REWARDS.register("code")(CodeReward)
 

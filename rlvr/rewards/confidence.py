@@ -38,7 +38,7 @@ def math_confidence_reward(sample: Sample) -> dict:
 
 
 def _register() -> None:
-    from rlvr.rewards import REWARDS
+    from rlvr.rewards.registry import REWARDS
 
     REWARDS.register("math_confidence")(math_confidence_reward)
 

@@ -102,7 +102,7 @@ def dapo_reward(sample: Sample) -> dict:
 
 
 def _register() -> None:
-    from rlvr.rewards import REWARDS
+    from rlvr.rewards.registry import REWARDS
 
     REWARDS.register("dapo")(dapo_reward)
 

@@ -61,7 +61,7 @@ def deepscaler_reward(sample: Sample) -> float:
 
 
 def _register() -> None:
-    from rlvr.rewards import REWARDS
+    from rlvr.rewards.registry import REWARDS
 
     REWARDS.register("deepscaler")(deepscaler_reward)
 

@@ -413,7 +413,7 @@ def math_reward(sample: Sample) -> float:
 
 
 def _register() -> None:
-    from rlvr.rewards import REWARDS
+    from rlvr.rewards.registry import REWARDS
 
     REWARDS.register("math")(math_reward)
 

@@ -119,7 +119,7 @@ def format_reward(sample: Sample) -> float:
 
 
 def _register() -> None:
-    from rlvr.rewards import REWARDS
+    from rlvr.rewards.registry import REWARDS
 
     REWARDS.register("f1")(f1_reward)
     REWARDS.register("exact_match")(exact_match_reward)

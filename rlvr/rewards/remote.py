@@ -243,7 +243,7 @@ class Judge:
 
 
 def _register() -> None:
-    from rlvr.rewards import REWARDS
+    from rlvr.rewards.registry import REWARDS
 
     REWARDS.register("remote_rm")(RemoteRM)
     REWARDS.register("judge")(Judge)
