@@ -54,6 +54,77 @@ class Sample:
     def total_length(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
 
+    def append_segment(self, token_ids: list[int], *, trainable: bool, log_probs: list[float] | None = None,
+                       weight_versions: list[int] | None = None, text: str | None = None) -> Sample:
+        """Append one segment of a multi-turn response and check the invariants (issue 17).
+
+        A model segment (``trainable=True``) carries the engine's ``log_probs`` (and per-token
+        ``weight_versions``) and gets loss mask 1; an environment / tool segment gets loss mask 0,
+        log-prob 0.0 (a placeholder no loss term reads: the mask is 0) and, for staleness, the
+        version of the model token before it. ``text`` is appended to ``response`` (the decoded
+        text is for logs and rewards only; training reads the token ids).
+
+        >>> s = Sample("p", [1, 2])
+        >>> _ = s.append_segment([5, 6], trainable=True, log_probs=[-0.1, -0.2], weight_versions=[3, 3])
+        >>> _ = s.append_segment([9], trainable=False)
+        >>> s.loss_mask, s.rollout_log_probs, s.weight_versions
+        ([1, 1, 0], [-0.1, -0.2, 0.0], [3, 3, 3])
+        """
+        token_ids = list(token_ids)
+        if trainable:
+            if log_probs is None or len(log_probs) != len(token_ids):
+                raise ValueError(f"sample {self.uid or self.index}: a model segment of {len(token_ids)} tokens needs "
+                                 f"one engine log-prob per token, got {None if log_probs is None else len(log_probs)}")
+            versions = list(weight_versions) if weight_versions is not None else []
+            if versions and len(versions) != len(token_ids):
+                raise ValueError(f"sample {self.uid or self.index}: {len(versions)} weight versions for a model "
+                                 f"segment of {len(token_ids)} tokens")
+            if versions and len(self.weight_versions) < self.response_length:  # env tokens came first
+                self.weight_versions += [versions[0]] * (self.response_length - len(self.weight_versions))
+            self.rollout_log_probs = self.rollout_log_probs + [float(x) for x in log_probs]
+            self.loss_mask = self.loss_mask + [1] * len(token_ids)
+            self.weight_versions = self.weight_versions + versions
+        else:
+            if log_probs is not None:
+                raise ValueError(f"sample {self.uid or self.index}: an environment segment has no log-probs")
+            self.rollout_log_probs = self.rollout_log_probs + [0.0] * len(token_ids)
+            self.loss_mask = self.loss_mask + [0] * len(token_ids)
+            if self.weight_versions:
+                self.weight_versions = self.weight_versions + [self.weight_versions[-1]] * len(token_ids)
+        self.response_ids = self.response_ids + token_ids
+        if text is not None:
+            self.response += text
+        self.check()
+        return self
+
+    def check(self) -> None:
+        """Raise ValueError naming the sample unless ``len(loss_mask) == len(rollout_log_probs) ==
+        response length`` (weight versions: at most one per token; env tokens before any model
+        token have none yet)."""
+        n = self.response_length
+        if len(self.loss_mask) != n or len(self.rollout_log_probs) != n:
+            raise ValueError(f"sample {self.uid or self.index}: response of {n} tokens but {len(self.loss_mask)} loss-mask "
+                             f"entries and {len(self.rollout_log_probs)} rollout log-probs")
+        if len(self.weight_versions) > n:
+            raise ValueError(f"sample {self.uid or self.index}: {len(self.weight_versions)} weight versions "
+                             f"for {n} response tokens")
+        if any(m not in (0, 1) for m in self.loss_mask):
+            raise ValueError(f"sample {self.uid or self.index}: loss mask entries must be 0 or 1")
+
+    def segments(self) -> list[tuple[int, int, bool]]:
+        """The response as ``(start, end, trainable)`` runs of equal loss mask.
+
+        >>> Sample("p", [1], response_ids=[4, 5, 6, 7], loss_mask=[1, 1, 0, 1]).segments()
+        [(0, 2, True), (2, 3, False), (3, 4, True)]
+        """
+        out: list[tuple[int, int, bool]] = []
+        for i, m in enumerate(self.loss_mask):
+            if out and out[-1][2] == bool(m):
+                out[-1] = (out[-1][0], i + 1, bool(m))
+            else:
+                out.append((i, i + 1, bool(m)))
+        return out
+
     def scalar_reward(self, key: str = "score") -> float:
         """The reward as one float: a dict reward gives its ``score`` entry."""
         if isinstance(self.reward, dict):

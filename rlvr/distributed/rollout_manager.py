@@ -109,6 +109,13 @@ class EngineGroup:
 
     async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         i = min(range(len(self.actors)), key=self.outstanding.__getitem__)
+        session = requests[0].session if requests else ""
+        if session:  # session affinity: the turns of one multi-turn sample stay on one engine
+            sessions = self.__dict__.setdefault("sessions", {})
+            i = sessions.setdefault(session, i) % len(self.actors)
+            if len(sessions) > 100_000:  # forget the oldest sessions (dicts keep insertion order)
+                for key in list(sessions)[:50_000]:
+                    del sessions[key]
         self.outstanding[i] += len(requests)
         try:
             return await self.actors[i].generate.remote(requests)

@@ -54,6 +54,7 @@ class GenerateRequest:
     prompt_ids: list[int]
     params: SamplingParams
     rid: str = ""  # request id, echoed back; abort(rid) aborts just this request
+    session: str = ""  # multi-turn: every request of one session goes to the same engine (prefix cache reuse)
 
 
 @dataclass
