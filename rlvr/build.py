@@ -84,9 +84,16 @@ def make_trainer(cfg: Config, parallel=None) -> Trainer:
 
 def make_rollout(cfg: Config, engine, tokenizer, records) -> Rollout:
     d = cfg.data
-    return Rollout(cfg.rollout, engine, tokenizer, DataSource(records, shuffle=d.rollout_shuffle, seed=d.rollout_seed),
-                   Grader(cfg.reward), apply_chat_template=d.apply_chat_template,
-                   chat_template_kwargs=d.chat_template_kwargs())
+    rollout = Rollout(cfg.rollout, engine, tokenizer,
+                      DataSource(records, shuffle=d.rollout_shuffle, seed=d.rollout_seed),
+                      Grader(cfg.reward), apply_chat_template=d.apply_chat_template,
+                      chat_template_kwargs=d.chat_template_kwargs())
+    a = cfg.agent
+    if a.per_sample or a.rollout_function_path:  # multi-turn hooks (issue 17); they get the whole config, as slime's
+        from rlvr.agents.hooks import Agent
+
+        rollout.agent = Agent(cfg, engine, tokenizer, rollout)
+    return rollout
 
 
 def build_engine(cfg: Config, model, tokenizer):

@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from rlvr.algo.advantages import estimator_of
+from rlvr.agents.config import AgentConfig
 from rlvr.algo.config import AlgoConfig
 from rlvr.distributed.config import ClusterConfig
 from rlvr.errors import ConfigError
@@ -343,6 +344,7 @@ GROUPS: dict[str, type] = {
     "asynchronous": AsyncConfig,
     "run": RunConfig,
     "cluster": ClusterConfig,
+    "agent": AgentConfig,
 }
 
 
@@ -357,6 +359,7 @@ class Config:
     asynchronous: AsyncConfig = field(default_factory=AsyncConfig)
     run: RunConfig = field(default_factory=RunConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
     # ---- derived numbers (seed 000 §2.1) ----------------------------------------------
     @property
@@ -397,6 +400,9 @@ class Config:
             return self
         if self.cluster.ray:
             self._validate_ray()
+        if self.agent.rollout_function_path and (self.asynchronous.async_train or self.agent.per_sample):
+            raise ConfigError("--rollout-function-path", "replaces the whole rollout, so it cannot be combined with "
+                              "--async (whose producer schedules groups itself) or a per-sample generate function")
         if self.asynchronous.async_train and (self.run.debug_rollout_only or self.run.debug_train_only):
             raise ConfigError("--async", "overlaps sampling and training; the debug split (--debug-rollout-only, "
                               "--debug-train-only, --load-debug-rollout-data) runs one of them alone: drop one")

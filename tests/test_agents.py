@@ -148,3 +148,73 @@ def test_tool_tokens_are_masked_and_add_no_gradient(trainer_and_tok):
     assert scale > 0
     assert (g_trainer - g_hand).abs().max() / scale <= 1e-5
     assert torch.equal(g_trainer, g_again)
+
+
+async def two_turn_generate(args, sample, sampling_params):
+    """Turn 1 (3 tokens), a tool observation, turn 2 (300 tokens while the agent's ``long_turn``).
+    It never looks at the finish reason: the handle's abort marks the sample aborted anyway."""
+    from rlvr.agents import context
+    from rlvr.types import Status
+
+    ctx = context()
+    out = await ctx.engine.generate(sample.prompt_ids, dict(sampling_params, max_new_tokens=3, stop_token_ids=[]))
+    sample.append_segment(out.token_ids, trainable=True, log_probs=out.log_probs, weight_versions=out.weight_versions)
+    text, ids = ctx.turns.observation_ids([{"role": "tool", "content": "5"}], out.token_ids)
+    sample.append_segment(ids, trainable=False, text=text)
+    n = 300 if getattr(ctx.agent, "long_turn", True) else 3
+    out = await ctx.engine.generate(sample.prompt_ids + sample.response_ids,
+                                    dict(sampling_params, max_new_tokens=n, stop_token_ids=[]))
+    sample.append_segment(out.token_ids, trainable=True, log_probs=out.log_probs, weight_versions=out.weight_versions)
+    sample.status = Status.TRUNCATED if out.finish_reason == "length" else Status.COMPLETED
+    return sample
+
+
+def test_abort_in_the_middle_of_a_multi_turn_sample_regenerates_it(tiny_qwen2):
+    """An abort during turn 2 (the rollout's end, or a weight push under --async): the sample
+    comes back ABORTED (not graded, never trained), and the next run of its group (the partial
+    rollout buffer, the async retry queue) regenerates it from the prompt with an intact mask."""
+    from rlvr.agents.hooks import Agent
+    from rlvr.build import load_tokenizer
+    from rlvr.config import Config, RolloutConfig
+    from rlvr.data.dataset import DataSource, PromptRecord
+    from rlvr.engine.embedded import EmbeddedEngine
+    from rlvr.rewards import Grader, RewardConfig
+    from rlvr.rollout.rollout import Rollout
+    from rlvr.types import Status
+
+    tok = load_tokenizer(str(tiny_qwen2))
+    engine = EmbeddedEngine(str(tiny_qwen2), pad_token_id=tok.pad_token_id, seed=1, tokenizer=tok)
+    cfg = Config()
+    cfg.data.apply_chat_template = True
+    cfg.agent.custom_generate_function_path = "tests.test_agents:two_turn_generate"
+    cfg.rollout = RolloutConfig(rollout_batch_size=1, n_samples_per_prompt=2, rollout_max_response_len=400,
+                                partial_rollout=True)
+    records = [PromptRecord(prompt="4+4=", label="8", metadata={}, index=0)]
+    rollout = Rollout(cfg.rollout, engine, tok, DataSource(records, shuffle=False), Grader(RewardConfig()),
+                      apply_chat_template=True)
+    rollout.agent = Agent(cfg, engine, tok, rollout)
+    group = rollout.next_groups(1)[0]
+    params = rollout.sampling_params()
+
+    async def abort_during_turn_2():
+        task = asyncio.create_task(rollout.run_group(group, params, True))
+        while engine.steps < 20:  # turn 1 is 3 steps: now both samples decode turn 2
+            await asyncio.sleep(0.002)
+        engine.abort()
+        await task
+
+    asyncio.run(abort_during_turn_2())
+    assert all(s.status == Status.ABORTED and s.reward is None for s in group)
+    assert all([t for _, _, t in s.segments()] == [True, False, True] for s in group)  # cut inside turn 2
+    rollout.data_source.add_partial([group])  # what _collect does with --partial-rollout
+
+    rollout.agent.long_turn = False
+    (again,) = rollout.data_source.take_partial(1)
+    asyncio.run(rollout.run_group(again, params, True))
+    for s in again:
+        s.check()
+        assert s.metadata["agent_regenerated"] == 1 and s.status == Status.TRUNCATED and s.reward is not None
+        segs = s.segments()
+        assert [t for _, _, t in segs] == [True, False, True] and segs[0][1] == 3 and segs[2][1] - segs[2][0] == 3
+        assert s.metadata["turns"] == 2
+    engine.close()

@@ -49,6 +49,7 @@ class Rollout:
         grader: Grader,
         apply_chat_template: bool = False,
         chat_template_kwargs: dict | None = None,
+        agent=None,
     ):
         self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
         self.data_source, self.grader = data_source, grader
@@ -64,12 +65,16 @@ class Rollout:
             else None
         )
         self._prompt_cache: dict[str, tuple[str, list[int]]] = {}
+        self.agent = agent  # rlvr.agents.hooks.Agent: custom generate / rollout functions (issue 17)
         self.stop_ids = tuple(t for t in {tokenizer.eos_token_id} if t is not None)
 
     # ---- what the loop calls --------------------------------------------------------------
     def generate(self, rollout_id: int) -> RolloutBatch:
         t0 = time.perf_counter()
         cfg = self.cfg
+        if self.agent is not None and self.agent.rollout_fn is not None:  # --rollout-function-path
+            groups, metrics = self.agent.run_rollout(rollout_id, self.data_source)
+            return self.make_batch(rollout_id, check_groups(groups, cfg), time.perf_counter() - t0, metrics)
         # Sample groups until enough pass the dynamic-sampling filter (one round without a filter);
         # groups still in flight then are aborted (and buffered with --partial-rollout).
         kept, dropped, rounds, partial = asyncio.run(self._collect(self.sampling_params()))
@@ -122,7 +127,13 @@ class Rollout:
             max_new_tokens=cfg.eval_max_response_len or self.cfg.rollout_max_response_len,
             stop_token_ids=self.stop_ids,
         )
-        samples = self._sample(records, cfg.n_samples_per_eval_prompt, params, shape=False)
+        if self.agent is not None and self.agent.rollout_fn is not None:  # --rollout-function-path
+            from rlvr.agents.hooks import EvalData
+
+            groups, _ = self.agent.run_rollout(None, EvalData(name, records, cfg.n_samples_per_eval_prompt), True)
+            samples = [s for g in groups for s in g]
+        else:
+            samples = self._sample(records, cfg.n_samples_per_eval_prompt, params, shape=False)
         k = cfg.n_samples_per_eval_prompt
         m = rollout_metrics(samples, k, prefix=f"eval/{name}/")
         m[f"eval/{name}/score"] = m.pop(f"eval/{name}/raw_reward")
@@ -231,6 +242,17 @@ class Rollout:
         A group from the partial-rollout buffer continues its aborted samples (prompt + response
         so far, the remaining length budget); its finished samples are kept as they are. A
         group with an aborted sample is not graded (it is unfinished)."""
+        if self.agent is not None and self.agent.generate_fn is not None:  # a multi-turn generate function
+            await self.agent.generate_group(group, params)
+        else:
+            await self._generate_group(group, params)
+        if any(s.status == Status.ABORTED for s in group):
+            return
+        await self.grader.grade_group([s for s in group if s.reward is None])  # an environment may have set it
+        for s in group:
+            self._shape(s, shape)
+
+    async def _generate_group(self, group: list[Sample], params: SamplingParams) -> None:
         for s in group:  # aborted exactly at the length limit: nothing left to generate
             if s.status == Status.ABORTED and s.response_length >= params.max_new_tokens:
                 s.status = Status.TRUNCATED
@@ -244,11 +266,6 @@ class Rollout:
         results = await self.engine.generate(requests)
         for s, r in zip(todo, results, strict=True):
             self._fill(s, r)
-        if any(s.status == Status.ABORTED for s in group):
-            return
-        await self.grader.grade_group(group)
-        for s in group:
-            self._shape(s, shape)
 
     def _fill(self, s: Sample, r: GenerateResult) -> None:
         """Append the engine's tokens to the sample. A resumed partial sample keeps the tokens it
@@ -304,7 +321,35 @@ def rollout_metrics(samples: list[Sample], n: int, prefix: str) -> dict[str, flo
     if n > 1:
         m["zero_std_ratio"] = sum(len(set(g)) == 1 for g in groups) / len(groups)
     m |= source_metrics(samples)
+    m |= turn_metrics(samples)
     return {prefix + k: v for k, v in m.items()}
+
+
+def check_groups(groups: list[list[Sample]], cfg: RolloutConfig) -> list[list[Sample]]:
+    """A rollout function's groups, checked against the batch the trainer expects."""
+    if len(groups) != cfg.rollout_batch_size or any(len(g) != cfg.n_samples_per_prompt for g in groups):
+        raise ValueError(f"--rollout-function-path returned {len(groups)} groups of sizes {sorted({len(g) for g in groups})}; "
+                         f"training needs --rollout-batch-size {cfg.rollout_batch_size} groups of "
+                         f"--n-samples-per-prompt {cfg.n_samples_per_prompt} samples")
+    return groups
+
+
+def turn_metrics(samples: list[Sample]) -> dict[str, float]:
+    """Multi-turn statistics, for samples whose metadata records ``turns`` (issue 17): turns,
+    tool calls and tool errors (and per-tool counts); ``{}`` for single-turn rollouts."""
+    multi = [s for s in samples if "turns" in s.metadata]
+    if not multi:
+        return {}
+    turns = [s.metadata["turns"] for s in multi]
+    m = {"turns/mean": statistics.fmean(turns), "turns/max": float(max(turns)),
+         "tool_calls/mean": statistics.fmean(s.metadata.get("tool_calls", 0) for s in multi),
+         "tool_errors": float(sum(s.metadata.get("tool_errors", 0) for s in multi))}
+    per_tool: dict[str, int] = {}
+    for s in multi:
+        for name, count in s.metadata.get("tool_counts", {}).items():
+            per_tool[name] = per_tool.get(name, 0) + count
+    m |= {f"tool_calls/{name}": float(c) for name, c in sorted(per_tool.items())}
+    return m
 
 
 def source_metrics(samples: list[Sample]) -> dict[str, float]:

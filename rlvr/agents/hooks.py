@@ -1,0 +1,199 @@
+"""slime's two customisation hooks, with slime's shapes (seed 003's architecture; issue 17).
+
+``--custom-generate-function-path module:fn`` replaces the engine call of *one sample*::
+
+    async def generate(cfg, sample, sampling_params) -> Sample      # (slime: args, sample, sampling_params)
+        ctx = rlvr.agents.context()     # ctx.engine: EngineHandle (this sample's session), ctx.tokenizer, ctx.turns
+        ...
+
+It runs wherever ``Rollout.run_group`` runs: sync, eval, ``--async`` (the producer's thread) and
+``--ray`` (the rollout manager actor). The rollout grades the samples whose ``reward`` the
+function left ``None`` (an environment may set it), then shapes and trains them as any other.
+``sampling_params`` is an SGLang-style dict; its ``max_new_tokens`` is the budget of the *whole*
+response (all turns: ``--rollout-max-response-len``).
+
+``--rollout-function-path module:fn`` replaces the whole rollout::
+
+    def generate_rollout(cfg, rollout_id, data_source, evaluation=False)
+        -> list[list[Sample]] | (list[list[Sample]], metrics dict)
+
+(async allowed). In training it returns ``--rollout-batch-size`` groups of
+``--n-samples-per-prompt`` samples; in eval (``evaluation=True``, ``rollout_id`` None) the
+``data_source`` is an ``EvalData`` of the set's records and it returns the samples (groups or a
+flat list). Samples left ungraded are graded with the configured reward.
+
+Abort and partial rollout: a multi-turn sample that comes back ``ABORTED`` (the rollout stopped
+its groups, or a weight push under ``--async``) is **regenerated from its prompt** the next
+time its group runs (``metadata["agent_regenerated"]`` counts it), never continued: a turn cut
+in the middle could leave a half tool call whose observation was never appended, and the
+function's own state (tool results, environment) is gone. So no sample is trained with a
+broken mask; ``--mask-offpolicy-in-partial-rollout`` is moot for these samples.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from rlvr.agents.engine import EngineHandle
+from rlvr.engine.base import SamplingParams
+from rlvr.registry import load_function
+from rlvr.types import Sample, Status
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AgentContext:
+    """What a generate / rollout function may use (``rlvr.agents.context()``)."""
+
+    cfg: Any  # the whole Config (slime's ``args``)
+    engine: EngineHandle | None  # this sample's session (None inside a rollout function: make one with new_handle)
+    tokenizer: Any
+    turns: Any  # ChatTurns when the tokenizer has a chat template, else None
+    rollout: Any  # the Rollout: grader, new_group / next_groups, sampling_params()
+    agent: Any = None  # the Agent
+
+    def new_handle(self, session: str = "") -> EngineHandle:
+        return EngineHandle(self.agent.engine, self.tokenizer, session)
+
+
+_CONTEXT: contextvars.ContextVar[AgentContext] = contextvars.ContextVar("rlvr_agent_context")
+
+
+def context() -> AgentContext:
+    """The calling generate / rollout function's context (slime's ``GenerateState``)."""
+    try:
+        return _CONTEXT.get()
+    except LookupError:
+        raise RuntimeError("rlvr.agents.context() is only set inside a generate or rollout function") from None
+
+
+def sampling_dict(params: SamplingParams) -> dict:
+    """SGLang's ``sampling_params`` dict of a ``SamplingParams`` (what slime's functions get)."""
+    return {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
+            "max_new_tokens": params.max_new_tokens, "stop_token_ids": list(params.stop_token_ids),
+            "stop": list(params.stop), **({"seed": params.seed} if params.seed is not None else {})}
+
+
+async def call_maybe_async(fn: Callable, *args, **kwargs):
+    out = fn(*args, **kwargs)
+    return await out if inspect.isawaitable(out) else out
+
+
+async def _awaited(x):
+    return await x
+
+
+def reset(s: Sample) -> None:
+    """Drop a sample's response (to regenerate it from its prompt)."""
+    s.response, s.response_ids, s.rollout_log_probs, s.loss_mask, s.weight_versions = "", [], [], [], []
+    s.reward, s.status, s.train_metadata = None, Status.COMPLETED, {}
+    for k in ("turns", "tool_calls", "tool_errors", "tool_counts", "engine_error"):
+        s.metadata.pop(k, None)
+
+
+class Agent:
+    """The hooks of one rollout: which function generates a sample, or the whole rollout."""
+
+    def __init__(self, cfg, engine, tokenizer, rollout=None):
+        a = cfg.agent
+        self.cfg, self.engine, self.tokenizer, self.rollout = cfg, engine, tokenizer, rollout
+        self.generate_fn: Callable | None = None
+        self.rollout_fn = load_function(a.rollout_function_path, "--rollout-function-path") if a.rollout_function_path else None
+        self.turns = None
+        if a.tools or a.environment_path or cfg.data.apply_chat_template:
+            from rlvr.agents.turns import ChatTurns
+
+            tools = None
+            if a.tools:
+                from rlvr.agents.tools import load_tools, tool_schemas
+
+                self.tools = load_tools(a.tools)
+                tools = tool_schemas(self.tools)
+            # Refuses at start-up a template that is not prefix-preserving for tool/user turns.
+            self.turns = ChatTurns(tokenizer, tools, cfg.data.chat_template_kwargs())
+        if a.custom_generate_function_path:
+            self.generate_fn = load_function(a.custom_generate_function_path, "--custom-generate-function-path")
+        elif a.tools:
+            from rlvr.agents.tools import generate_with_tools
+
+            self.generate_fn = generate_with_tools
+        elif a.environment_path:
+            from rlvr.agents.environment import generate_with_environment
+
+            self.generate_fn = generate_with_environment
+
+    def _context(self, handle: EngineHandle | None) -> AgentContext:
+        return AgentContext(self.cfg, handle, self.tokenizer, self.turns, self.rollout, self)
+
+    # ---- per sample ---------------------------------------------------------------------------
+    async def generate_group(self, group: list[Sample], params: SamplingParams) -> None:
+        """Run the generate function on every sample of ``group`` that has no finished response
+        (new, or aborted: regenerated from its prompt), concurrently, in place."""
+        todo = [i for i, s in enumerate(group) if not s.response_ids or s.status == Status.ABORTED]
+        for i in todo:
+            if group[i].response_ids:
+                group[i].metadata["agent_regenerated"] = group[i].metadata.get("agent_regenerated", 0) + 1
+                reset(group[i])
+        done = await asyncio.gather(*(self._one(group[i], params) for i in todo))
+        for i, s in zip(todo, done):
+            group[i] = s
+
+    async def _one(self, s: Sample, params: SamplingParams) -> Sample:
+        handle = EngineHandle(self.engine, self.tokenizer, session=s.uid or f"i{s.index}")
+        token = _CONTEXT.set(self._context(handle))
+        try:
+            out = await call_maybe_async(self.generate_fn, self.cfg, s, sampling_dict(params))
+        finally:
+            _CONTEXT.reset(token)
+        if isinstance(out, list):
+            if len(out) != 1:
+                raise ValueError(f"{self.cfg.agent.custom_generate_function_path} returned {len(out)} samples for sample "
+                                 f"{s.uid or s.index}; rlvr trains groups of --n-samples-per-prompt samples, so a "
+                                 "generate function returns exactly one sample")
+            out = out[0]
+        if not isinstance(out, Sample):
+            raise TypeError(f"the generate function returned {type(out).__name__}, not a Sample")
+        if handle.aborted and out.status != Status.ABORTED:
+            out.status = Status.ABORTED  # a turn was cut: the sample is regenerated, never trained
+        out.check()
+        out.metadata.setdefault("turns", sum(1 for _, _, t in out.segments() if t))
+        return out
+
+    # ---- the whole rollout --------------------------------------------------------------------
+    def run_rollout(self, rollout_id: int | None, data_source, evaluation: bool = False):
+        """(groups, metrics) from ``--rollout-function-path``, its ungraded samples graded."""
+        token = _CONTEXT.set(self._context(None))
+        try:  # a plain function runs outside any event loop (slime's runs its own, as this one may)
+            out = self.rollout_fn(self.cfg, rollout_id, data_source, evaluation=evaluation)
+            if inspect.isawaitable(out):
+                out = asyncio.run(_awaited(out))
+        finally:
+            _CONTEXT.reset(token)
+        groups, metrics = (out if isinstance(out, tuple) else (getattr(out, "samples", out), getattr(out, "metrics", None)))
+        groups = [g if isinstance(g, list) else [g] for g in groups]
+
+        async def grade():
+            ungraded = [[s for s in g if s.reward is None] for g in groups]
+            await asyncio.gather(*(self.rollout.grader.grade_group(g) for g in ungraded if g))
+
+        asyncio.run(grade())
+        for g in groups:
+            for s in g:
+                s.check()
+                s.metadata.setdefault("score", s.scalar_reward())
+        return groups, dict(metrics or {})
+
+
+@dataclass
+class EvalData:
+    """The ``data_source`` of a rollout function in eval: one held-out set."""
+
+    name: str
+    records: list
+    n_samples_per_prompt: int
