@@ -133,3 +133,25 @@ def test_hook_paths_are_checked_at_parse_time(tiny_qwen2, arith_files, tmp_path)
         parse_config(base + ["--custom-generate-function-path", "tests.test_agents_cli:nope"])
     with pytest.raises(ConfigError, match="--rollout-function-path"):
         parse_config(base + ["--rollout-function-path", "tests.test_agents_cli:generate_rollout", "--async"])
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    from rlvr.distributed.placement import ACTOR_ENV
+
+    ray.init(num_cpus=5, include_dashboard=False, runtime_env={"env_vars": dict(ACTOR_ENV)}, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.slow
+def test_custom_generate_function_trains_under_ray(ray_cluster, tiny_qwen2, arith_files, tmp_path):
+    """The function runs on the rollout manager actor; 2 engine actors, session affinity."""
+    from rlvr.cli import main
+
+    out = tmp_path / "run"
+    argv = train_args(tiny_qwen2, arith_files, out, "--custom-generate-function-path", "tests.test_agents_cli:generate",
+                      "--ray", "--actor-num-cpu-workers-per-node", "2", "--rollout-num-engines", "2")
+    assert main(argv) == 0
+    check_multi_turn_run(out)
