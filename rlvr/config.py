@@ -400,6 +400,9 @@ class Config:
             return self
         if self.cluster.ray:
             self._validate_ray()
+        if (self.agent.tools or self.agent.environment_path) and not self.data.apply_chat_template:
+            raise ConfigError("--tools" if self.agent.tools else "--environment-path",
+                              "multi-turn chat needs --apply-chat-template (turns follow the chat template)")
         if self.agent.rollout_function_path and (self.asynchronous.async_train or self.agent.per_sample):
             raise ConfigError("--rollout-function-path", "replaces the whole rollout, so it cannot be combined with "
                               "--async (whose producer schedules groups itself) or a per-sample generate function")

@@ -114,7 +114,12 @@ class Agent:
                 from rlvr.agents.tools import load_tools, tool_schemas
 
                 self.tools = load_tools(a.tools)
+                for tool in self.tools.values():
+                    if hasattr(tool, "configure"):  # the python tool takes the --code-* sandbox limits
+                        tool.configure(cfg)
                 tools = tool_schemas(self.tools)
+                if rollout is not None:  # prompts are rendered with the tools (the template's tool format)
+                    rollout.chat_template_kwargs = {**(rollout.chat_template_kwargs or {}), "tools": tools}
             # Refuses at start-up a template that is not prefix-preserving for tool/user turns.
             self.turns = ChatTurns(tokenizer, tools, cfg.data.chat_template_kwargs())
         if a.custom_generate_function_path:

@@ -1,0 +1,68 @@
+"""The environment protocol for non-tool multi-turn tasks (``--environment-path``; issue 17).
+
+An environment is any object with two methods (sync or async)::
+
+    reset(sample) -> list[dict] | None     # the opening chat messages (None: keep the sample's prompt)
+    step(response: str) -> (observation, reward, done)
+
+``observation`` is a string (sent as a ``user`` message) or a list of chat messages. The
+built-in loop (``generate_with_environment``) asks the ``--environment-path`` factory for one
+environment per sample, then alternates model turns and observations, token-in/token-out
+(``ChatTurns``), for at most ``--max-turns`` model turns within ``--rollout-max-response-len``
+tokens. The sample's reward is the sum of the step rewards (the configured reward function is
+then not called for it). ``metadata["env_rewards"]`` keeps the per-step rewards.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from rlvr.types import Sample, Status
+
+
+class Environment(Protocol):
+    def reset(self, sample: Sample) -> list[dict] | None: ...
+
+    def step(self, response: str) -> tuple[str | list[dict], float, bool]: ...
+
+
+async def generate_with_environment(cfg, sample: Sample, sampling_params: dict) -> Sample:
+    from rlvr.agents.hooks import call_maybe_async, context
+    from rlvr.registry import load_function
+
+    ctx = context()
+    env = load_function(cfg.agent.environment_path, "--environment-path")()
+    messages = await call_maybe_async(env.reset, sample)
+    if messages is not None:
+        sample.prompt, sample.prompt_ids = ctx.turns.prompt_ids(messages)
+    budget, rewards, status = sampling_params["max_new_tokens"], [], Status.COMPLETED
+    for turn in range(cfg.agent.max_turns):
+        left = budget - sample.response_length
+        if left <= 0:
+            status = Status.TRUNCATED
+            break
+        out = await ctx.engine.generate(sample.prompt_ids + sample.response_ids, dict(sampling_params, max_new_tokens=left))
+        text = ctx.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        sample.append_segment(out.token_ids, trainable=True, log_probs=out.log_probs,
+                              weight_versions=out.weight_versions, text=text)
+        if out.finish_reason in ("abort", "error"):
+            status = Status.ABORTED if out.finish_reason == "abort" else Status.FAILED
+            break
+        obs, reward, done = await call_maybe_async(env.step, text)
+        rewards.append(float(reward))
+        if done:
+            break
+        if turn == cfg.agent.max_turns - 1:
+            status = Status.TRUNCATED
+            break
+        msgs = [{"role": "user", "content": obs}] if isinstance(obs, str) else list(obs)
+        obs_text, obs_ids = ctx.turns.observation_ids(msgs, out.token_ids)
+        if len(obs_ids) >= budget - sample.response_length:
+            status = Status.TRUNCATED
+            break
+        sample.append_segment(obs_ids, trainable=False, text=obs_text)
+    sample.status = status
+    sample.metadata["env_rewards"] = rewards
+    if status != Status.ABORTED:
+        sample.reward = sum(rewards)
+    return sample
