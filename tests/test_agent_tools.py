@@ -1,0 +1,244 @@
+"""Tools (issue 17): schemas, Hermes parsing, the built-in loop with every kind of bad call as an
+observation, the environment protocol, and a fork bomb through the python tool contained by the
+``code`` reward's sandbox (in a fenced driver process, as tests/test_sandbox.py fences its suite).
+
+The loop runs against a scripted engine (the tiny random model cannot write tool calls): each
+session's k-th call returns the k-th scripted turn, as token ids with log-probs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlvr.agents.tools import PythonTool, parse_tool_calls, run_tool, tool_schema
+from rlvr.engine.base import GenerateResult
+from rlvr.types import Status
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers.
+
+    Args:
+        a: the first factor
+        b: the second factor
+    """
+    return a * b
+
+
+def boom(x: str) -> str:
+    """Always fails."""
+    raise RuntimeError("kaput")
+
+
+def slow(x: str = "") -> str:
+    """Sleeps too long."""
+    time.sleep(3)
+    return "late"
+
+
+TOOLS = [multiply, boom, slow]
+SANDBOXED = [PythonTool()]
+
+
+class ScriptedEngine:
+    """The ``Engine`` protocol answering each session's k-th call with ``script[k]`` (+ eos
+    unless the turn ends with a tool call), log-prob -0.5 per token."""
+
+    weight_version = 0
+
+    def __init__(self, tok, script: list[str]):
+        self.tok, self.script, self.turn, self.prompts = tok, script, {}, []
+
+    async def generate(self, requests):
+        out = []
+        for r in requests:
+            k = self.turn.get(r.session, 0)
+            self.turn[r.session] = k + 1
+            self.prompts.append(list(r.prompt_ids))
+            text = self.script[min(k, len(self.script) - 1)]
+            ids = self.tok(text, add_special_tokens=False)["input_ids"]
+            if not text.endswith("</tool_call>"):
+                ids.append(self.tok.eos_token_id)
+            ids = ids[: r.params.max_new_tokens]
+            reason = "length" if len(ids) == r.params.max_new_tokens and ids[-1] != self.tok.eos_token_id else "stop"
+            out.append(GenerateResult(r.rid, ids, [-0.5] * len(ids), reason, 0, {}, [0] * len(ids)))
+        return out
+
+    def abort(self, rid=None):
+        pass
+
+
+def test_schema_and_parsing():
+    s = tool_schema(multiply)["function"]
+    assert s == {"name": "multiply", "description": "Multiply two integers.",
+                 "parameters": {"type": "object", "required": ["a", "b"],
+                                "properties": {"a": {"type": "integer", "description": "the first factor"},
+                                               "b": {"type": "integer", "description": "the second factor"}}}}
+    calls = parse_tool_calls('a<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>'
+                             '<tool_call>[1]</tool_call><tool_call>{"name": "g", "arguments": 3}</tool_call>')
+    assert calls[0].name == "f" and calls[0].arguments == {"x": 1}
+    assert calls[1].error and calls[2].error and "arguments must be a JSON object" in calls[2].error
+
+
+def test_bad_calls_are_error_observations():
+    tools = {f.__name__: f for f in TOOLS}
+
+    async def run(text):
+        return await run_tool(tools, parse_tool_calls(text)[0], timeout=0.5)
+
+    ok = asyncio.run(run('<tool_call>{"name": "multiply", "arguments": {"a": 6, "b": 7}}</tool_call>'))
+    assert ok == ("42", True)
+    for text, expect in [('<tool_call>{"name": multiply}</tool_call>', "malformed tool call"),
+                         ('<tool_call>{"name": "divide", "arguments": {}}</tool_call>', "unknown tool 'divide'"),
+                         ('<tool_call>{"name": "multiply", "arguments": {"a": 1}}</tool_call>', "wrong arguments"),
+                         ('<tool_call>{"name": "boom", "arguments": {"x": "y"}}</tool_call>', "RuntimeError: kaput"),
+                         ('<tool_call>{"name": "slow", "arguments": {}}</tool_call>', "timed out after 0.5 s")]:
+        obs, good = asyncio.run(run(text))
+        assert not good and expect in json.loads(obs)["error"], obs
+
+
+def _agent(tiny_qwen2, script, tools="tests.test_agent_tools:TOOLS", **agent_kw):
+    from rlvr.agents.hooks import Agent
+    from rlvr.build import load_tokenizer
+    from rlvr.config import Config
+    from rlvr.data.dataset import DataSource, PromptRecord
+    from rlvr.rewards import Grader, RewardConfig
+    from rlvr.rollout.rollout import Rollout
+
+    tok = load_tokenizer(str(tiny_qwen2))
+    engine = ScriptedEngine(tok, script)
+    cfg = Config()
+    cfg.data.apply_chat_template = True
+    cfg.agent.tools = tools
+    for k, v in agent_kw.items():
+        setattr(cfg.agent, k, v)
+    cfg.rollout.n_samples_per_prompt, cfg.rollout.rollout_max_response_len = 2, 2000
+    records = [PromptRecord(prompt="What is 12*34?", label="408", metadata={}, index=0)]
+    rollout = Rollout(cfg.rollout, engine, tok, DataSource(records, shuffle=False), Grader(RewardConfig()),
+                      apply_chat_template=True)
+    rollout.agent = Agent(cfg, engine, tok, rollout)
+    return rollout, engine, tok
+
+
+CALLS = ('<tool_call>{"name": "multiply", "arguments": {"a": 12, "b": 34}}</tool_call>'
+         '<tool_call>{"name": multiply}</tool_call>'
+         '<tool_call>{"name": "divide", "arguments": {"a": 1}}</tool_call>'
+         '<tool_call>{"name": "multiply", "arguments": {"a": 1}}</tool_call>'
+         '<tool_call>{"name": "boom", "arguments": {"x": "y"}}</tool_call>'
+         '<tool_call>{"name": "slow", "arguments": {}}</tool_call>')
+
+
+def test_builtin_tool_loop_turns_bad_calls_into_observations(tiny_qwen2):
+    from rlvr.rollout.rollout import rollout_metrics
+
+    rollout, engine, tok = _agent(tiny_qwen2, [CALLS, "408"], tool_timeout=0.5)
+    group = rollout.next_groups(1)[0]
+    asyncio.run(rollout.run_group(group, rollout.sampling_params(), False))
+    for s in group:
+        s.check()
+        assert [t for _, _, t in s.segments()] == [True, False, True]
+        assert s.status == Status.COMPLETED and s.metadata["turns"] == 2
+        assert s.metadata["tool_calls"] == 6 and s.metadata["tool_errors"] == 5
+        assert s.response.count('"error"') == 5 and "<|im_start|>tool\n408<|im_end|>" in s.response
+        assert s.reward == 1.0  # the math reward reads the last number of the transcript: the answer 408
+        # token-in/token-out: turn 2 continued from exactly the ids of turn 1 + the observation
+        assert engine.prompts[-1] == s.prompt_ids + s.response_ids[: s.segments()[-1][0]]
+    m = rollout_metrics(group, 2, "rollout/")
+    assert m["rollout/turns/mean"] == 2 and m["rollout/tool_calls/mean"] == 6 and m["rollout/tool_errors"] == 10
+    assert m["rollout/tool_calls/multiply"] == 4 and m["rollout/tool_calls/<malformed>"] == 2
+
+
+def test_max_turns_and_the_token_budget_bound_the_loop(tiny_qwen2):
+    call = '<tool_call>{"name": "multiply", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    rollout, _, _ = _agent(tiny_qwen2, [call], max_turns=3)
+    group = rollout.next_groups(1)[0]
+    asyncio.run(rollout.run_group(group, rollout.sampling_params(), False))
+    assert all(s.metadata["turns"] == 3 and s.status == Status.TRUNCATED for s in group)
+    rollout.cfg.rollout_max_response_len = 100  # one call + its observation (~90 tokens) leave no room
+    group = rollout.next_groups(1)[0]
+    asyncio.run(rollout.run_group(group, rollout.sampling_params(), False))
+    assert all(s.response_length <= 100 and s.status == Status.TRUNCATED for s in group)
+
+
+class CountdownEnv:
+    """Say a number; the environment answers 'lower' until the model has spoken three times."""
+
+    def __init__(self):
+        self.steps = 0
+
+    def reset(self, sample):
+        return [{"role": "user", "content": "guess"}]
+
+    def step(self, response):
+        self.steps += 1
+        return "lower", 0.5, self.steps == 3
+
+
+def make_env():
+    return CountdownEnv()
+
+
+def test_environment_protocol(tiny_qwen2):
+    rollout, _, tok = _agent(tiny_qwen2, ["7", "5", "3"], tools=None, environment_path="tests.test_agent_tools:make_env")
+    group = rollout.next_groups(1)[0]
+    asyncio.run(rollout.run_group(group, rollout.sampling_params(), False))
+    for s in group:
+        assert s.prompt == "<|im_start|>user\nguess<|im_end|>\n<|im_start|>assistant\n"
+        assert [t for _, _, t in s.segments()] == [True, False, True, False, True]
+        assert s.reward == 1.5 and s.metadata["env_rewards"] == [0.5, 0.5, 0.5] and s.metadata["turns"] == 3
+
+
+# ---- a fork bomb through the python tool, fenced ----------------------------------------------------
+def _driver(spec: dict) -> None:
+    """In the fenced child: one sample whose first turn calls python with a fork bomb, then answers."""
+    for d in spec["fence"].values():
+        Path(d, "cgroup.procs").write_text(str(os.getpid()))
+    sys.path.insert(0, spec["root"])
+    from rlvr.rewards.config import RewardConfig
+
+    rollout, _, _ = _agent(spec["ckpt"], spec["script"], tools="tests.test_agent_tools:SANDBOXED")
+    rollout.agent.tools["python"].configure(type("C", (), {"reward": RewardConfig(**spec["limits"])})())
+    group = rollout.next_groups(1)[0][:1]
+    t = time.monotonic()
+    asyncio.run(rollout.agent.generate_group(group, rollout.sampling_params()))
+    s = group[0]
+    print(json.dumps({"duration": time.monotonic() - t, "status": s.status.value, "response": s.response,
+                      "tool_errors": s.metadata["tool_errors"], "turns": s.metadata["turns"]}), flush=True)
+
+
+def test_fork_bomb_through_the_python_tool_is_contained(tiny_qwen2):
+    from tests.test_sandbox import FENCE_PIDS, HOSTILE_CFG, HOSTILE_DIR, _destroy_fence, _make_fence
+
+    if sys.platform != "linux":
+        pytest.skip("the sandbox's limits and the fence need Linux")
+    fence = _make_fence()
+    if fence is None:
+        pytest.skip("a fork bomb is only run inside a writable pids + memory cgroup fence")
+    code = (HOSTILE_DIR / "fork_bomb.pysrc").read_text()
+    call = "<tool_call>" + json.dumps({"name": "python", "arguments": {"code": code}}) + "</tool_call>"
+    spec = {"fence": {k: str(v) for k, v in fence.items()}, "root": str(Path(__file__).parents[1]),
+            "ckpt": str(tiny_qwen2), "script": [call, "the tool failed"],
+            "limits": {k: v for k, v in HOSTILE_CFG.items() if k.startswith("code_")}}
+    try:
+        proc = subprocess.run([sys.executable, __file__, "--driver", json.dumps(spec)], capture_output=True,
+                              text=True, timeout=60, env={**os.environ, "PYTHONPATH": spec["root"]})
+    finally:
+        hit = int((fence["pids"] / "pids.peak").read_text()) >= FENCE_PIDS
+        left = _destroy_fence(fence)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = json.loads(proc.stdout.splitlines()[-1])
+    assert not hit and left == set(), (hit, left)  # the sandbox's own limit held; nothing outlived the run
+    assert row["tool_errors"] == 1 and row["turns"] == 2 and row["status"] == "completed"  # the run went on
+    assert "process limit" in row["response"] and row["response"].endswith("the tool failed")
+    assert row["duration"] <= HOSTILE_CFG["code_timeout"] + 5
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--driver"]:
+    _driver(json.loads(sys.argv[2]))
