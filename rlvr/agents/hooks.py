@@ -35,7 +35,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import json
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -60,6 +62,18 @@ class AgentContext:
 
     def new_handle(self, session: str = "") -> EngineHandle:
         return EngineHandle(self.agent.engine, self.tokenizer, session)
+
+    @property
+    def openai_base_url(self) -> str:
+        """Base URL of an OpenAI-compatible endpoint recording this sample's session
+        (``rlvr.agents.openai_proxy``): give it to ``openai.AsyncOpenAI(base_url=...)``."""
+        if self.engine is None:
+            raise RuntimeError("openai_base_url is per sample: use it inside a generate function")
+        return self.agent.openai_session(self.engine)
+
+    def session_sample(self, sample: Sample) -> Sample:
+        """``sample`` filled with the calls recorded on ``openai_base_url`` (exact ids, log-probs)."""
+        return self.agent.proxy.fill(self.engine.session, sample)
 
 
 _CONTEXT: contextvars.ContextVar[AgentContext] = contextvars.ContextVar("rlvr_agent_context")
@@ -106,6 +120,7 @@ class Agent:
         self.generate_fn: Callable | None = None
         self.rollout_fn = load_function(a.rollout_function_path, "--rollout-function-path") if a.rollout_function_path else None
         self.turns = None
+        self._proxy_lock, self._open_sessions = threading.Lock(), {}
         if a.tools or a.environment_path or cfg.data.apply_chat_template:
             from rlvr.agents.turns import ChatTurns
 
@@ -133,6 +148,29 @@ class Agent:
 
             self.generate_fn = generate_with_environment
 
+    @property
+    def proxy(self):
+        if getattr(self, "_proxy", None) is None:
+            from rlvr.agents.openai_proxy import OpenAIProxy
+            from rlvr.agents.turns import ChatTurns
+
+            cache: dict[str, ChatTurns] = {}
+
+            def turns(tools):
+                key = json.dumps(tools, sort_keys=True)
+                if key not in cache:
+                    cache[key] = ChatTurns(self.tokenizer, tools, self.cfg.data.chat_template_kwargs())
+                return cache[key]
+
+            self._proxy = OpenAIProxy(self.engine, self.tokenizer, turns)
+        return self._proxy
+
+    def openai_session(self, handle: EngineHandle) -> str:
+        with self._proxy_lock:
+            if handle.session not in self._open_sessions:
+                self._open_sessions[handle.session] = self.proxy.open(handle)
+            return self._open_sessions[handle.session]
+
     def _context(self, handle: EngineHandle | None) -> AgentContext:
         return AgentContext(self.cfg, handle, self.tokenizer, self.turns, self.rollout, self)
 
@@ -156,6 +194,11 @@ class Agent:
             out = await call_maybe_async(self.generate_fn, self.cfg, s, sampling_dict(params))
         finally:
             _CONTEXT.reset(token)
+            url = self._open_sessions.pop(handle.session, None)
+        if url is not None:  # an agent that used the OpenAI endpoint: its recorded calls are the sample
+            if isinstance(out, Sample) and not out.response_ids:
+                self.proxy.fill(handle.session, out)
+            self.proxy.close(handle.session)
         if isinstance(out, list):
             if len(out) != 1:
                 raise ValueError(f"{self.cfg.agent.custom_generate_function_path} returned {len(out)} samples for sample "

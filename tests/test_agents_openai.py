@@ -1,0 +1,89 @@
+"""Agents written with the official ``openai`` client (issue 17): the recording OpenAI-compatible
+rollout endpoint turns their calls (tool calls, a streamed call) into an exact multi-turn sample."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from rlvr.agents import context  # noqa: E402
+from rlvr.types import RolloutBatch, Status  # noqa: E402
+
+TOOL_SCHEMAS = [{"type": "function", "function": {
+    "name": "multiply", "description": "Multiply two integers.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                   "required": ["a", "b"]}}}]
+
+
+async def openai_agent(args, sample, sampling_params):
+    """An ordinary chat-completions agent: ask, run any tool calls, ask again (streamed)."""
+    ctx = context()
+    client = openai.AsyncOpenAI(base_url=ctx.openai_base_url, api_key="rlvr", max_retries=0)
+    messages = [{"role": "user", "content": sample.prompt}]
+    first = await client.chat.completions.create(model="policy", messages=messages, tools=TOOL_SCHEMAS,
+                                                 max_tokens=sampling_params["max_new_tokens"] // 4, temperature=sampling_params["temperature"])
+    msg = first.choices[0].message
+    messages.append(msg.model_dump(exclude_none=True))
+    if msg.tool_calls:
+        for call in msg.tool_calls:
+            a = json.loads(call.function.arguments)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": str(a["a"] * a["b"])})
+    else:
+        messages.append({"role": "user", "content": "Check it."})
+    stream = await client.chat.completions.create(model="policy", messages=messages, tools=TOOL_SCHEMAS, stream=True,
+                                                  max_tokens=sampling_params["max_new_tokens"] // 4, temperature=sampling_params["temperature"])
+    text, finish = "", None
+    async for chunk in stream:
+        text += chunk.choices[0].delta.content or ""
+        finish = chunk.choices[0].finish_reason or finish
+    sample.metadata["streamed"] = text
+    sample.status = Status.TRUNCATED if finish == "length" else Status.COMPLETED
+    return sample  # left empty: the endpoint's recording fills it
+
+
+def test_openai_client_tool_calls_and_streaming_become_an_exact_sample(tiny_qwen2):
+    """Against a scripted engine: the first call returns a tool call (parsed into
+    ``message.tool_calls``), the second is streamed; the sample continues token-in/token-out."""
+    from tests.test_agent_tools import _agent
+
+    call = '<tool_call>{"name": "multiply", "arguments": {"a": 12, "b": 34}}</tool_call>'
+    rollout, engine, tok = _agent(tiny_qwen2, [call, "It is 408."], tools=None,
+                                  custom_generate_function_path="tests.test_agents_openai:openai_agent")
+    group = rollout.next_groups(1)[0]
+    asyncio.run(rollout.run_group(group, rollout.sampling_params(), False))
+    for s in group:
+        s.check()
+        segs = s.segments()
+        assert [t for _, _, t in segs] == [True, False, True] and s.metadata["turns"] == 2
+        assert s.metadata["streamed"] == "It is 408." and s.metadata["openai_calls"] == 2
+        assert s.response_ids[: segs[0][1]] == tok(call, add_special_tokens=False)["input_ids"]  # the engine's ids
+        assert "<|im_start|>tool\n408<|im_end|>" in s.response  # the tool result, as the template renders it
+        assert engine.prompts[-1] == s.prompt_ids + s.response_ids[: segs[2][0]]  # turn 2 = exact ids of turn 1 + delta
+        assert s.rollout_log_probs[segs[0][0]:segs[0][1]] == [-0.5] * segs[0][1] and s.status == Status.COMPLETED
+
+
+@pytest.mark.slow
+def test_openai_agent_trains_two_rollouts_with_exact_log_probs(tiny_qwen2, arith_files, tmp_path):
+    from tests.test_agents_cli import cli
+
+    train, _ = arith_files
+    out = tmp_path / "run"
+    r = cli("train", "--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(train),
+            "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "96",
+            "--num-rollout", "2", "--lr", "1e-3", "--output-dir", str(out),
+            "--custom-generate-function-path", "tests.test_agents_openai:openai_agent",
+            "--save-debug-rollout-data", str(out / "dump" / "r{rollout_id}.pt"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if "train/step" in r]
+    assert [r["train/step"] for r in train_rows] == [1, 2]
+    diffs = [r["train/train_rollout_logprob_abs_diff"] for r in train_rows]
+    print("openai agent: mean |trainer - engine| log-prob per rollout:", diffs)
+    assert all(d < 1e-5 for d in diffs)  # on-policy, one step per rollout: p0 == q on the model tokens
+    for k in range(2):
+        for s in RolloutBatch.load(out / "dump" / f"r{k}.pt").samples:
+            assert [t for _, _, t in s.segments()] == [True, False, True] and s.metadata["openai_calls"] == 2
