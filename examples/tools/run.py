@@ -22,7 +22,7 @@ from examples.tools.calculator import call_text, problems
 
 HERE = Path(__file__).parent
 ASSETS = HERE / "assets"
-MODEL = dict(hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4, num_kv_heads=2)
+MODEL = dict(hidden_size=128, intermediate_size=384, num_layers=2, num_heads=4, num_kv_heads=2)
 
 
 def write_data() -> None:
@@ -47,7 +47,7 @@ def sft_sample(turns, tok, row: dict):
     return s
 
 
-def sft(steps: int, batch: int = 32, lr: float = 1e-3) -> Path:
+def sft(steps: int, batch: int = 16, lr: float = 2e-3) -> Path:
     from rlvr.agents.tools import tool_schemas
     from rlvr.agents.turns import ChatTurns
     from rlvr.algo import AlgoConfig
@@ -90,7 +90,7 @@ def grpo(num_rollout: int, extra: list[str]) -> Path:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--sft-steps", type=int, default=150)
+    p.add_argument("--sft-steps", type=int, default=200)
     p.add_argument("--num-rollout", type=int, default=30)
     p.add_argument("--skip-sft", action="store_true")
     args, extra = p.parse_known_args()

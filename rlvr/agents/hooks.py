@@ -168,7 +168,8 @@ class Agent:
     def openai_session(self, handle: EngineHandle) -> str:
         with self._proxy_lock:
             if handle.session not in self._open_sessions:
-                self._open_sessions[handle.session] = self.proxy.open(handle)
+                budget = self.cfg.rollout.rollout_max_response_len
+                self._open_sessions[handle.session] = self.proxy.open(handle, budget)
             return self._open_sessions[handle.session]
 
     def _context(self, handle: EngineHandle | None) -> AgentContext:

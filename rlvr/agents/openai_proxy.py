@@ -37,7 +37,7 @@ import json
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from aiohttp import web
 
@@ -55,6 +55,7 @@ class Session:
     segments: list[tuple[list[int], bool, list[float] | None, list[int] | None, str]] = field(default_factory=list)
     restarts: int = 0
     calls: int = 0
+    budget: int = 1 << 30  # response tokens of the whole session (--rollout-max-response-len)
 
     @property
     def context_ids(self) -> list[int]:
@@ -99,11 +100,12 @@ class OpenAIProxy:
             raise RuntimeError("the OpenAI-compatible rollout endpoint did not start")
 
     # ---- what the agent machinery calls ------------------------------------------------------------
-    def open(self, handle) -> str:
-        """Register a session for ``handle``; returns its base URL."""
+    def open(self, handle, budget: int = 1 << 30) -> str:
+        """Register a session for ``handle`` with a token ``budget`` for its whole response (every
+        call's completion and every new message counts); returns its base URL."""
         key = uuid.uuid4().hex  # a sample uid ("3/1") is no URL path segment
         with self._lock:
-            self.sessions[handle.session] = self.sessions[key] = Session(handle)
+            self.sessions[handle.session] = self.sessions[key] = Session(handle, budget=budget)
         return f"http://127.0.0.1:{self.port}/sessions/{key}/v1"
 
     def close(self, session: str) -> Session | None:
@@ -156,7 +158,7 @@ class OpenAIProxy:
         n = len(s.messages)
         if s.calls and len(messages) > n and [_normalise(m) for m in messages[:n]] == [_normalise(m) for m in s.messages]:
             new = [_template_message(m) for m in messages[n:]]
-            last_model = next(seg[0] for seg in reversed(s.segments) if seg[1])
+            last_model = next((seg[0] for seg in reversed(s.segments) if seg[1]), [])
             text, ids = turns.observation_ids(new, last_model)
             s.segments.append((ids, False, None, None, text))
             return s.context_ids
@@ -186,9 +188,16 @@ class OpenAIProxy:
         except (ValueError, KeyError, TypeError) as e:
             return web.json_response({"error": {"message": f"bad request: {e}"}}, status=400)
         ids = self._context(s, messages, tools)
-        result = await s.handle.generate(ids, params)
+        left = s.budget - (len(ids) - len(s.prompt_ids))
+        if left <= 0:  # the response budget is spent: no call (the rollout truncates the sample)
+            from rlvr.engine.base import GenerateResult
+
+            result = GenerateResult("", [], [], "length", s.handle.weight_version)
+        else:
+            result = await s.handle.generate(ids, replace(params, max_new_tokens=min(params.max_new_tokens, left)))
         text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
-        s.segments.append((list(result.token_ids), True, list(result.log_probs), list(result.weight_versions), text))
+        if result.token_ids:
+            s.segments.append((list(result.token_ids), True, list(result.log_probs), list(result.weight_versions), text))
         s.calls += 1
         calls = [c for c in parse_tool_calls(text) if c.error is None]
         content = TOOL_CALL.sub("", text).strip() if calls else text
