@@ -282,3 +282,17 @@ def test_client_timeout_aborts_on_the_server_and_reports_an_error(server, local)
     assert time.monotonic() - t0 < 10  # the client gave up on time; the server was told to abort "slow"
     code, out = post(server, "/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}})
     assert code == 200 and out["meta_info"]["completion_tokens"] <= 2
+
+
+def test_openai_client_streams_a_chat_completion(server):
+    """``stream: true`` through the official ``openai`` client: the chunks rebuild the same
+    message a plain call returns (same seed)."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{server}/v1", api_key="x", max_retries=0)
+    kw = dict(model="m", messages=[{"role": "user", "content": "2+3?"}], max_tokens=12, temperature=0.9, seed=5)
+    plain = client.chat.completions.create(**kw)
+    text, finish = "", None
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        text += chunk.choices[0].delta.content or ""
+        finish = chunk.choices[0].finish_reason or finish
+    assert text == plain.choices[0].message.content and finish == plain.choices[0].finish_reason

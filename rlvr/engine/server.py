@@ -13,7 +13,9 @@ SGLang routes (payloads as SGLang's, for what rlvr uses):
   ``POST /flush_cache`` (the engine keeps no prefix cache across requests: nothing to flush);
   ``POST /release_memory_occupation`` / ``/resume_memory_occupation`` (engine sleep / wake).
 OpenAI-compatible: ``POST /v1/completions``, ``POST /v1/chat/completions`` (the tokenizer's chat
-template with a generation prompt), ``GET /v1/models``; no streaming.
+template with a generation prompt, ``tools`` passed to it; Hermes ``<tool_call>`` blocks in the
+output come back as ``message.tool_calls``; ``stream: true`` answers server-sent
+``chat.completion.chunk`` events once the response is decoded), ``GET /v1/models``.
 
 As in SGLang, generation stops at the tokenizer's EOS unless ``ignore_eos``; the text of a
 response ends before a matched stop string. A malformed payload gets HTTP 400 naming the field.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -240,8 +243,6 @@ class Server:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def _openai_params(self, body: dict) -> tuple[SamplingParams, int]:
-        if body.get("stream"):
-            raise BadRequest("field 'stream': streaming is not supported")
         key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
         params = sampling_params(body, self.tokenizer.eos_token_id, max_tokens_key=key, seed_key="seed", default_max=16)
         return params, _field(body, "n", int, 1)
@@ -267,6 +268,8 @@ class Server:
             prompts = [self._encode(x, "prompt") if isinstance(x, str) else x for x in raw]
         else:
             raise BadRequest("field 'prompt' must be a string, a list of strings or token ids")
+        if body.get("stream"):
+            raise BadRequest("field 'stream': streaming is served on /v1/chat/completions only")
         params, n = self._openai_params(body)
         results = await self._complete(prompts, params, n)
         choices = []
@@ -285,26 +288,64 @@ class Server:
         body = await _json(request)
         messages = body.get("messages")
         if not (isinstance(messages, list) and messages
-                and all(isinstance(m, dict) and "role" in m and "content" in m for m in messages)):
+                and all(isinstance(m, dict) and "role" in m and ("content" in m or "tool_calls" in m) for m in messages)):
             raise BadRequest("field 'messages' must be a non-empty list of {role, content} objects")
         if not getattr(self.tokenizer, "chat_template", None):
             raise BadRequest("this model's tokenizer has no chat template; use /v1/completions")
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        from rlvr.agents.openai_proxy import _template_message
+        from rlvr.agents.tools import TOOL_CALL, parse_tool_calls
+
+        tools = body.get("tools")
+        text = self.tokenizer.apply_chat_template([_template_message(m) for m in messages], tools=tools,
+                                                  tokenize=False, add_generation_prompt=True)
         prompts = [self._encode(text, "messages")]
         params, n = self._openai_params(body)
         results = await self._complete(prompts, params, n)
         choices = []
         for i, r in enumerate(results):
-            choice = {"index": i, "message": {"role": "assistant", "content": self._text(r, params)},
-                      "finish_reason": r.finish_reason}
+            content = self._text(r, params)
+            calls = [c for c in parse_tool_calls(content) if c.error is None] if tools else []
+            message = {"role": "assistant", "content": TOOL_CALL.sub("", content).strip() if calls else content}
+            if calls:  # Hermes <tool_call> blocks as OpenAI tool calls
+                message["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+                                          "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+                                         for c in calls]
+            finish = "tool_calls" if calls and r.finish_reason == "stop" else r.finish_reason
+            choice = {"index": i, "message": message, "finish_reason": finish}
             if body.get("logprobs"):
                 choice["logprobs"] = {"content": [{"token": self.tokenizer.decode([t]), "logprob": lp}
                                                   for t, lp in zip(r.token_ids, r.log_probs)]}
             choices.append(choice)
-        return web.json_response({
-            "id": "chatcmpl-" + uuid.uuid4().hex, "object": "chat.completion", "created": int(time.time()),
-            "model": self.model_name, "choices": choices, "usage": self._usage(prompts, n, results),
-        })
+        out = {"id": "chatcmpl-" + uuid.uuid4().hex, "object": "chat.completion", "created": int(time.time()),
+               "model": self.model_name, "choices": choices, "usage": self._usage(prompts, n, results)}
+        if body.get("stream"):
+            return await self._stream_chat(request, out)
+        return web.json_response(out)
+
+    async def _stream_chat(self, request: web.Request, out: dict) -> web.StreamResponse:
+        """``stream: true``: the finished response as ``chat.completion.chunk`` server-sent events
+        (role, content, tool calls, finish reason with usage), then ``[DONE]``. The engine decodes a
+        request whole, so the chunks come once it is done (the OpenAI clients read them alike)."""
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+
+        async def send(i: int, delta: dict, reason=None, **extra) -> None:
+            chunk = {"id": out["id"], "object": "chat.completion.chunk", "created": out["created"],
+                     "model": out["model"], "choices": [{"index": i, "delta": delta, "finish_reason": reason}], **extra}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+
+        for c in out["choices"]:
+            i, msg = c["index"], c["message"]
+            await send(i, {"role": "assistant", "content": ""})
+            content = msg.get("content") or ""
+            for k in range(0, len(content), 16):
+                await send(i, {"content": content[k:k + 16]})
+            for k, call in enumerate(msg.get("tool_calls", [])):
+                await send(i, {"tool_calls": [{"index": k, "id": call["id"], "type": "function", "function": call["function"]}]})
+            await send(i, {}, c["finish_reason"])
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
 
 
 async def _json(request: web.Request) -> dict:
