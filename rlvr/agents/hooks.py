@@ -183,7 +183,7 @@ class Agent:
         for i in todo:
             if group[i].response_ids:
                 group[i].metadata["agent_regenerated"] = group[i].metadata.get("agent_regenerated", 0) + 1
-                reset(group[i])
+            reset(group[i])  # also an aborted sample that had no token yet: status back to COMPLETED
         done = await asyncio.gather(*(self._one(group[i], params) for i in todo))
         for i, s in zip(todo, done):
             group[i] = s
