@@ -47,7 +47,7 @@ def sft_sample(turns, tok, row: dict):
     return s
 
 
-def sft(steps: int, batch: int = 16, lr: float = 2e-3) -> Path:
+def sft(steps: int, batch: int = 16, lr: float = 2e-3, resume: bool = False) -> Path:
     from rlvr.agents.tools import tool_schemas
     from rlvr.agents.turns import ChatTurns
     from rlvr.algo import AlgoConfig
@@ -57,13 +57,13 @@ def sft(steps: int, batch: int = 16, lr: float = 2e-3) -> Path:
     from rlvr.train.trainer import Trainer
     from examples.tools.calculator import TOOLS
 
-    base = build_tiny_model(ASSETS / "base", **MODEL)
+    base = ASSETS / "sft" if resume else build_tiny_model(ASSETS / "base", **MODEL)
     tok = load_tokenizer(str(base))
     turns = ChatTurns(tok, tool_schemas({t.__name__: t for t in TOOLS}))
     rows = [json.loads(line) for line in (ASSETS / "train.jsonl").read_text().splitlines()]
     tr = Trainer(TrainConfig(hf_checkpoint=str(base), lr=lr, clip_grad=0.0, adam_beta2=0.999,
                              micro_batch_size=batch), AlgoConfig())
-    rng = random.Random(0)
+    rng = random.Random(1 if resume else 0)  # a resumed SFT sees a new order of the problems
     t0 = time.perf_counter()
     for step in range(steps):
         m = tr.train_sft([sft_sample(turns, tok, r) for r in rng.sample(rows, batch)])
@@ -93,12 +93,13 @@ def main() -> None:
     p.add_argument("--sft-steps", type=int, default=200)
     p.add_argument("--num-rollout", type=int, default=30)
     p.add_argument("--skip-sft", action="store_true")
+    p.add_argument("--resume-sft", action="store_true", help="continue the SFT from assets/sft")
     args, extra = p.parse_known_args()
     torch.set_num_threads(2)
     t0 = time.perf_counter()
     write_data()
     if not args.skip_sft:
-        sft(args.sft_steps)
+        sft(args.sft_steps, resume=args.resume_sft)
     run_dir = grpo(args.num_rollout, extra)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if "eval/step" in r]
