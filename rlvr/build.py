@@ -94,7 +94,7 @@ def build_engine(cfg: Config, model, tokenizer):
     ``--rollout-external-engine-addrs`` servers (started on the same checkpoint: version 0), or
     supervised server processes of ``--hf-checkpoint`` (``--rollout-num-engines`` > 1 or
     ``--use-fault-tolerance``; the trainer starts from that checkpoint too: version 0)."""
-    r = cfg.rollout
+    r = cfg.engine
     if r.uses_engine_processes:  # supervised `rlvr serve` processes (restarted with --use-fault-tolerance)
         from rlvr.engine.supervisor import EngineSupervisor
 

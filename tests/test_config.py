@@ -102,7 +102,7 @@ def test_engine_and_partial_rollout_flags_are_validated(base):
                                "--over-sampling-batch-size", "16",
                                "--rollout-external-engine-addrs", "127.0.0.1:30000", "localhost:30001"])
     assert cfg.rollout.partial_rollout and cfg.rollout.over_sampling_batch_size == 16
-    assert cfg.rollout.rollout_external_engine_addrs == ["127.0.0.1:30000", "localhost:30001"]
+    assert cfg.engine.rollout_external_engine_addrs == ["127.0.0.1:30000", "localhost:30001"]
     with pytest.raises(ConfigError, match="--mask-offpolicy-in-partial-rollout: only acts with --partial-rollout"):
         parse_config(base + ["--mask-offpolicy-in-partial-rollout"])
     with pytest.raises(ConfigError, match=r"--rollout-external-engine-addrs: 'localhost' is not host:port"):

@@ -48,7 +48,7 @@ class EngineActor:
         # Engine i samples from its own stream (seed + i); one engine samples as local mode's does.
         self.engine = EmbeddedEngine(cfg.train.hf_checkpoint, pad_token_id=tokenizer.pad_token_id,
                                      seed=cfg.train.seed + index, tokenizer=tokenizer,
-                                     max_batch_size=cfg.rollout.rollout_max_running_requests)
+                                     max_batch_size=cfg.engine.rollout_max_running_requests)
 
     async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         return await self.engine.generate(requests)
@@ -152,7 +152,7 @@ class EngineGroup:
     def create(cls, cfg: Config, pg, p: Plan, cwd: str, n: int) -> EngineGroup:
         """The group ``RolloutManager`` uses: health-checked and restarted with ``--use-fault-tolerance``
         (``rlvr.distributed.engine_faults``), as it is otherwise (an actor failure stops the run)."""
-        if cfg.rollout.use_fault_tolerance:
+        if cfg.engine.use_fault_tolerance:
             from rlvr.distributed.engine_faults import TolerantEngineGroup
 
             return TolerantEngineGroup(cfg, pg, p, cwd, n)
@@ -168,7 +168,7 @@ class RolloutManager:
 
         self.cfg = cfg
         tokenizer = load_tokenizer(cfg.train.hf_checkpoint)
-        n = cfg.cluster.num_engines(cfg.rollout.rollout_num_engines)
+        n = cfg.cluster.num_engines(cfg.engine.rollout_num_engines)
         self.engines = EngineGroup.create(cfg, pg, p, cwd, n)
         self.rollout = make_rollout(cfg, self.engines, tokenizer, open_training_data(cfg, tokenizer))
 
