@@ -109,3 +109,19 @@ def test_engine_and_partial_rollout_flags_are_validated(base):
         parse_config(base + ["--rollout-external-engine-addrs", "localhost"])
     with pytest.raises(ConfigError, match=r"--over-sampling-batch-size: must be >= --rollout-batch-size"):
         parse_config(base + ["--over-sampling-batch-size", "1"])
+
+
+def test_engine_flags_are_the_engine_group_with_declared_bounds(base, tmp_path):
+    cfg = parse_config(base + ["--rollout-num-engines", "2", "--use-fault-tolerance", "--rollout-health-check-timeout", "3"])
+    assert cfg.engine.rollout_num_engines == 2 and cfg.engine.use_fault_tolerance and cfg.engine.uses_engine_processes
+    assert cfg.engine.rollout_health_check_timeout == 3.0 and "rollout_num_engines" not in cfg.to_dict()["rollout"]
+    y = tmp_path / "c.yaml"
+    y.write_text("rollout:\n  rollout_max_engine_restarts: 5\n")  # a file grouped before the engine group still reads
+    assert parse_config(base + ["--config", str(y)]).engine.rollout_max_engine_restarts == 5
+    for flag, value, bound in [("--rollout-num-engines", "0", ">= 1"), ("--rollout-health-check-interval", "0", "> 0"),
+                               ("--rollout-max-engine-restarts", "-1", ">= 0"),
+                               ("--rollout-external-engine-timeout", "0", "> 0")]:
+        with pytest.raises(ConfigError, match=f"{flag}: must be {bound}, got"):
+            parse_config(base + [flag, value])
+    with pytest.raises(ConfigError, match="--use-fault-tolerance: restarts the engine processes rlvr launches"):
+        parse_config(base + ["--use-fault-tolerance", "--rollout-external-engine-addrs", "127.0.0.1:1"])
