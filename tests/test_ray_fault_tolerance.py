@@ -52,10 +52,11 @@ def ft_args(ckpt, train, out, *extra: str) -> list[str]:
 
 def ray_engine_probe(monkeypatch):
     """(pids, in_flight) of the engines of the ``RayRollout`` the run builds (``test_fault_tolerance.killer``'s
-    arguments): the engine actors' pids and requests in flight, asked of the rollout manager."""
+    arguments). An engine has requests in flight when its decode steps grew since the last look
+    (asked of the engine actor itself: the rollout manager answers nothing while it samples)."""
     from rlvr.distributed import rollout_manager
 
-    built = []
+    built, actors, steps = [], {}, {}
     real_setup = rollout_manager.RayRollout.setup
 
     def setup(self):
@@ -65,10 +66,16 @@ def ray_engine_probe(monkeypatch):
     monkeypatch.setattr(rollout_manager.RayRollout, "setup", setup)
 
     def pids() -> list[int]:
-        return [p for p in built[0].engine_pids() if p is not None] if built else []
+        if not built:
+            return []
+        if not actors:
+            actors.update(zip(built[0].engine_pids(), built[0].engine_actors()))
+        return [p for p in actors if p is not None]
 
     def in_flight(pid: int) -> bool:
-        return any(p == pid and n > 0 for p, n in zip(built[0].engine_pids(), built[0].engine_outstanding()))
+        now = ray.get(actors[pid].decode_steps.remote())
+        before, steps[pid] = steps.get(pid, now), now
+        return now > before
 
     return pids, in_flight
 
@@ -127,14 +134,14 @@ def test_hung_engine_is_detected_within_the_timeout_and_replaced(ray_cluster, ti
                                "--rollout-health-check-timeout", str(timeout), "--rollout-max-engine-restarts", "1"))
     with build(cfg) as c:
         c.rollout.update_weights(c.trainer.weights(), version=3)  # the replacement must get these
-        [hung] = c.rollout.engine_pids()
+        [hung], [actor] = c.rollout.engine_pids(), c.rollout.engine_actors()
+        steps = ray.get(actor.decode_steps.remote())
         box: dict = {}
         work = threading.Thread(target=lambda: box.setdefault("batch", c.rollout.generate(0)))
         work.start()
-        # the rollout's groups sent: a group of 2 x up to 256 tokens takes far longer than this
-        # wait's 5 ms polls, so the stop lands while they sample (a fixed sleep raced the rollout)
-        wait_until(lambda: sum(c.rollout.engine_outstanding()) > 0, "the engine has the rollout's requests in flight",
-                   poll=0.005)
+        # the engine decodes the rollout: its 4 groups of 2 x up to 256 tokens take far longer than
+        # this wait's 5 ms polls, so the stop lands while they sample (a fixed sleep raced the rollout)
+        wait_until(lambda: ray.get(actor.decode_steps.remote()) > steps, "the engine decodes the rollout", poll=0.005)
         os.kill(hung, signal.SIGSTOP)
         t_stop = time.time()
         work.join(120)

@@ -155,11 +155,6 @@ class TolerantEngineGroup:
         return self.supervisor.events
 
     @property
-    def outstanding(self) -> list[int]:
-        """Requests in flight per engine."""
-        return [s.outstanding for s in self.supervisor.slots]
-
-    @property
     def actors(self) -> list:
         return [s.handle for s in self.supervisor.slots]
 

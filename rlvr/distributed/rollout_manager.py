@@ -81,6 +81,10 @@ class EngineActor:
         """This actor's process id (fault-tolerance logs and tests)."""
         return os.getpid()
 
+    def decode_steps(self) -> int:
+        """Decode steps run so far: it grows while the engine samples (tests wait on it)."""
+        return self.engine.steps
+
     def set_rng_state(self, state: torch.Tensor) -> None:
         self.engine.set_rng_state(state)
 
@@ -261,9 +265,9 @@ class RolloutManager:
         """Fault tolerance's down / restarted / removed events (empty without it)."""
         return list(getattr(self.engines, "events", []))
 
-    def engine_outstanding(self) -> list[int]:
-        """Requests in flight per engine (tests wait on it instead of sleeping)."""
-        return list(self.engines.outstanding)
+    def engine_actors(self) -> list:
+        """The engine actors' handles (tests ask an engine directly while this actor is busy sampling)."""
+        return list(self.engines.actors)
 
 
 class _Remote:
@@ -324,8 +328,8 @@ class RayRollout:
     def engine_events(self) -> list[dict]:
         return get_one(self.manager.engine_events.remote())
 
-    def engine_outstanding(self) -> list[int]:
-        return get_one(self.manager.engine_outstanding.remote())
+    def engine_actors(self) -> list:
+        return get_one(self.manager.engine_actors.remote())
 
 class RayAsyncSource:
     """The loop's batch source under ``--ray --async``: each method one call to the producer on

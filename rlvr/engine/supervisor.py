@@ -177,6 +177,8 @@ class EngineSupervisor:
         except BaseException:
             for handle in handles:
                 transport.kill(handle)
+            transport.close()
+            self._pool.shutdown(wait=False)
             raise
         atexit.register(self.close)
         self._monitor = threading.Thread(target=self._monitor_loop, name="rlvr-engine-monitor", daemon=True)
