@@ -77,7 +77,23 @@ def ray_engine_probe(monkeypatch):
         before, steps[pid] = steps.get(pid, now), now
         return now > before
 
-    return pids, in_flight
+    def all_up() -> bool:
+        return None not in built[0].engine_pids()
+
+    return pids, in_flight, all_up
+
+
+def hold_rollout_until(monkeypatch, rollout_id: int, condition, what: str) -> None:
+    """Rollout ``rollout_id`` (sync or ``--async``) is asked for only once ``condition()`` holds."""
+    from rlvr.distributed import rollout_manager
+
+    for cls, method in ((rollout_manager.RayRollout, "generate"), (rollout_manager.RayAsyncSource, "next_batch")):
+        def held(self, i, _real=getattr(cls, method)):
+            if i == rollout_id:
+                wait_until(condition, what, timeout=240, poll=0.2)
+            return _real(self, i)
+
+        monkeypatch.setattr(cls, method, held)
 
 
 # Both modes: async keeps groups in flight at every moment (so a kill always cuts requests) and
@@ -88,12 +104,14 @@ def test_chaos_two_sigkills_during_rollout(ray_cluster, tiny_qwen2, arith_files,
 
     out = tmp_path / "run"
     extra = ["--async", "--max-staleness", "1", "--rollout-concurrency", "8"] if mode == "async" else []
-    # 10 rollouts: the kills come after rollouts 0 and 1, and the rest leave the second replacement
-    # (a new worker importing torch: 5-12 s here) time to come up before the run ends.
+    # 10 rollouts: the kills come after rollouts 0 and 1 (once the victim is decoding).
     cfg = parse_config(ft_args(tiny_qwen2, arith_files[0], out, "--num-rollout", "10", *extra))
     kills: list = []
     stop = threading.Event()
-    pids, in_flight = ray_engine_probe(monkeypatch)
+    pids, in_flight, all_up = ray_engine_probe(monkeypatch)
+    # A replacement is a new worker importing torch (5-30 s on a busy CPU): the last rollout waits
+    # for both to be up, so its engines_up is the state after recovery, not a race with the run's end.
+    hold_rollout_until(monkeypatch, 9, all_up, "both killed engines are replaced and up")
     chaos = threading.Thread(target=killer, args=(pids, in_flight, out, random.Random(9), kills, stop), daemon=True)
     chaos.start()
     t0 = time.time()
