@@ -159,7 +159,7 @@ class Trainer:
         if train.recompute_activations:
             enable_recompute(self.model)
         # Policy forwards go through the strategy's module (under --ray: DDP/FSDP2-wrapped, one rank).
-        self.dp = parallel if parallel is not None else SingleProcess()
+        self.dp = parallel or SingleProcess()
         self.policy = self.dp.wrap(self.model)
         # Master weights: the parameters themselves in float32; float32 copies under --bf16.
         self.params = [p for p in self.model.parameters() if p.requires_grad]
