@@ -30,6 +30,23 @@ class RewardConfig:
     reward_failure_value: float = _f(0.0, "reward given when grading fails (exception, timeout, NaN, bad reply)")
     reward_timeout: float = _f(120.0, "seconds one grading call may take before it counts as failed")
     reward_max_concurrency: int = _f(16, "grading calls in flight at once (threads, HTTP requests, programs)")
+    # --- math answers (--rm-type math, deepscaler)
+    math_percent_policy: str = _f(
+        "value",
+        "math: how a percentage compares with a plain number: 'value' (50 percent = 0.5, and = 50 since "
+        "labels often drop the sign), 'number' (= 50 only), 'strict' (= 0.5 only)",
+        choices=["value", "number", "strict"],
+    )
+    math_tolerance: float = _f(
+        0.0,
+        "math: relative tolerance for numeric answers; 0 = exact (a rounded decimal never equals a fraction "
+        "or radical unless the prompt asks for rounding). For datasets whose labels are approximations",
+    )
+    # --- slime's DAPO grader (--rm-type dapo)
+    dapo_strict_box: bool = _f(
+        False, "dapo: slime's strict_box_verify: grade the last boxed answer of the last 100 characters, "
+        "compared with the label as a string"
+    )
     # --- code sandbox (--rm-type code)
     code_timeout: float = _f(10.0, "code: wall-clock seconds per test run")
     code_cpu_time: float = _f(10.0, "code: CPU seconds per test run")
@@ -75,5 +92,12 @@ class RewardConfig:
                      "code_max_output_kb", "code_max_concurrency", "rm_batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(flag_of(name), f"must be >= 1, got {getattr(self, name)}")
+        from rlvr.rewards.math_equiv import PERCENT_POLICIES
+
+        if self.math_percent_policy not in PERCENT_POLICIES:
+            raise ConfigError("--math-percent-policy",
+                              f"must be one of {', '.join(PERCENT_POLICIES)}, got {self.math_percent_policy!r}")
+        if self.math_tolerance < 0:
+            raise ConfigError("--math-tolerance", f"must be >= 0, got {self.math_tolerance}")
         if self.rm_retries < 0:
             raise ConfigError("--rm-retries", f"must be >= 0, got {self.rm_retries}")
