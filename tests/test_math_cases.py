@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from rlvr.rewards import REWARDS, score
-from rlvr.rewards import dapo as _dapo  # noqa: F401  (registers "dapo")
+from rlvr.rewards.dapo import dapo_reward
 from rlvr.rewards import deepscaler as _deepscaler  # noqa: F401  (registers "deepscaler")
 from rlvr.rewards.math import extract_answer, is_unsafe, math_reward
 from rlvr.types import Sample
@@ -167,14 +167,14 @@ def test_math_reward_rejects_missing_label():
     ],
 )
 def test_dapo(response, label, score_, pred):
-    result = REWARDS["dapo"](Sample("", [], label=label, response=response))
+    result = dapo_reward(Sample("", [], label=label, response=response))
     assert result == {"score": score_, "acc": 1.0 if score_ > 0 else 0.0, "pred": pred}
     assert score("dapo", response, label) == score_
 
 
 def test_dapo_rejects_non_integer_labels():
     with pytest.raises(ValueError, match="integer labels.*--rm-type math"):
-        REWARDS["dapo"](Sample("", [], label="1/2", response="Answer: 1/2"))
+        dapo_reward(Sample("", [], label="1/2", response="Answer: 1/2"))
 
 
 # --- deepscaler ---------------------------------------------------------------------------------

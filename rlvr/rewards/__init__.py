@@ -30,6 +30,7 @@ from rlvr.rewards import deepscaler as _deepscaler  # noqa: E402,F401
 from rlvr.rewards import math as _math  # noqa: E402,F401
 from rlvr.rewards import qa as _qa  # noqa: E402,F401
 from rlvr.rewards import remote as _remote  # noqa: E402,F401
+from rlvr.rewards import slime_names as _slime_names  # noqa: E402,F401  (after the others: wraps them)
 from rlvr.rewards.grader import Grader, Outcome, outcome_of  # noqa: E402
 
 

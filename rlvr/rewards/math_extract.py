@@ -7,7 +7,7 @@ Rules, in order (``docs/rewards.md`` states them for users):
    (a model that put its answer in the thinking and wrote nothing after). A ``<think>`` that is
    never closed means the model never finished: no final answer.
 2. **Where.** In that part, the first of these that exists: the last group of ``\\boxed{}``; the
-   last GSM8K ``#### x`` line; the text after the last "answer is" / "answer:" marker, cut at the
+   last closed ``<answer>...</answer>``; the last GSM8K ``#### x`` line; the text after the last "answer is" / "answer:" marker, cut at the
    end of its sentence; the final statement (last sentence) when the response ends like a
    finished statement.
 3. **Groups, not hedges, are combined.** Boxes separated only by connectors ("," "and" "or"
@@ -41,6 +41,7 @@ _END_TOKENS = re.compile(r"(?:\s|<\|im_end\|>|<\|endoftext\|>|<\|eot_id\|>|</s>|
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*(\{|[^\s{\\$])")
 _MARKER = re.compile(r"\banswer\b\s*(?:is\b\s*:?|:|=)[\s*]*", re.IGNORECASE)
 _HASHES = re.compile(r"####[ \t]*([^\n]*)")
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:\s+\d+/\d+|/\d+)?%?")
 # Where an answer after a marker stops: a sentence end, a new line, or an explanation.
@@ -332,6 +333,11 @@ def _answers_in(text: str, truncated: bool, label_parts: int, fallback: bool) ->
     readings = _from_boxes(text, truncated, label_parts)
     if readings:
         return readings
+    tags = list(_ANSWER_TAG.finditer(text))
+    if tags:  # <answer>...</answer>: the answer, or a sentence that states it
+        inner = tags[-1].group(1).strip()
+        found = _after_marker(inner, False) if _MARKER.search(inner) else inner.strip("$ .")
+        return [found] if found else []
     if "####" in text:
         found = _after_hashes(text, truncated)
         return [found] if found else []
