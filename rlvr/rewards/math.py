@@ -97,7 +97,7 @@ def label_choice(label: str) -> str | None:
 
 
 def _choice_readings(response: str, truncated: bool) -> list[str]:
-    found = final_answers(response, truncated)
+    found = final_answers(response, truncated, fallback=False)
     if found:
         return found
     _, final = split_thinking(response[-MAX_SCAN_CHARS:])

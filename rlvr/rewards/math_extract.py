@@ -7,9 +7,9 @@ Rules, in order (``docs/rewards.md`` states them for users):
    (a model that put its answer in the thinking and wrote nothing after). A ``<think>`` that is
    never closed means the model never finished: no final answer.
 2. **Where.** In that part, the first of these that exists: the last group of ``\\boxed{}``; the
-   last closed ``<answer>...</answer>``; the last GSM8K ``#### x`` line; the text after the last "answer is" / "answer:" marker, cut at the
-   end of its sentence; the final statement (last sentence) when the response ends like a
-   finished statement.
+   last closed ``<answer>...</answer>``; the last GSM8K ``#### x`` line; the text after the last
+   "answer is" / "answer:" marker, cut at the end of its sentence; the values of the final
+   statement (last sentence) when the response ends like a finished statement.
 3. **Groups, not hedges, are combined.** Boxes separated only by connectors ("," "and" "or"
    ``x =``) form one answer that lists values (``x = \\boxed{2}`` or ``x = \\boxed{-3}``); boxes
    in different sentences are a correction and the last one counts. When the label lists ``k``
@@ -354,8 +354,10 @@ def _clean(response: str) -> str:
     return _END_TOKENS.sub("", response[-MAX_SCAN_CHARS:].replace("\u2212", "-"))
 
 
-def final_answers(response: str, truncated: bool = False, label_parts: int = 1) -> list[str]:
+def final_answers(response: str, truncated: bool = False, label_parts: int = 1, fallback: bool = True) -> list[str]:
     """The readings of the response's final answer (usually one; none when it has no final answer).
+
+    ``fallback=False`` skips the last-sentence fallback (multiple choice has its own).
 
     >>> final_answers("<think>maybe \\\\boxed{7}</think> So it is 9.")
     ['9']
@@ -367,7 +369,7 @@ def final_answers(response: str, truncated: bool = False, label_parts: int = 1) 
     thinking, final = split_thinking(_clean(response))
     if final is None:
         return []  # the model never finished thinking
-    found = _answers_in(final, truncated, label_parts, fallback=True)
+    found = _answers_in(final, truncated, label_parts, fallback)
     if not found and thinking and not truncated:  # the answer was only given while thinking
         found = _answers_in(thinking, False, label_parts, fallback=False)
     return found
