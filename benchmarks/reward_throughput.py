@@ -3,8 +3,9 @@
 The responses are realistic and all distinct: every case of tests/data/math_cases*.jsonl (boxed
 LaTeX, fractions, intervals, matrices, units, multiple choice, malformed and pathological ones;
 reasoning-model thinking blocks, GSM8K ``####`` answers, hedges, truncated reasoning) plus
-generated arithmetic rollouts, 8 samples per prompt as GRPO draws them, in the formats a model writes (boxed, "The answer is", "Answer:", a bare number, a worked line, a fraction, wrong
-answers nearby). Torch is not involved; the process is pinned to one core when the OS allows it.
+generated arithmetic rollouts, 8 samples per prompt as GRPO draws them, in the formats a model
+writes (boxed, "The answer is", "Answer:", a bare number, a worked line, a fraction, wrong answers
+nearby). Torch is not involved; the process is pinned to one core when the OS allows it.
 Grading goes through ``rlvr.rewards.Grader`` group by group, exactly as the rollout calls it.
 The first WARMUP responses (imports, regex compilation) are graded before the clock starts.
 ``responses_per_s`` is wall-clock; ``responses_per_cpu_s`` divides by the process's CPU time,
