@@ -228,3 +228,21 @@ def test_slime_rm_type_names():
     assert score("gpqa", "The answer is (C) or (D).", "C") == 0.0
     assert score("random", "x", "y") in (0.0, 1.0)
     assert score("deepscaler", "<think>a</think> \\boxed{7} </think> \\boxed{8}", "7") == 1.0  # slime's split
+
+
+@pytest.mark.parametrize(
+    "response,label,expected",
+    [
+        ("The answer is 7. Actually, wait, it is 8.", "8", 1.0),  # a correction replaces the answer
+        ("The answer is 7. Actually, wait, it is 8.", "7", 0.0),
+        ("The answer is 42. Wait, let me double-check: 6 * 7 = 42. Yes.", "42", 1.0),  # a check is no correction
+        ("I'm fairly confident the answer is 7, but it might be 8.", "7", 0.0),  # an alternative
+        ("Answer: $x=\\frac{-1\\pm\\sqrt{5}}{2}$", "\\frac{-1+\\sqrt5}{2}, \\frac{-1-\\sqrt5}{2}", 1.0),
+        ("Answer: $x=\\frac{-1\\pm\\sqrt{5}}{2}$", "\\frac{-1+\\sqrt5}{2}", 0.0),  # \pm names two values
+        ("The answer is approximately 42 minutes.", "42", 1.0),
+        ("The answer is about 0.333.", "1/3", 0.0),
+        ("The answer is 3√2.", "3\\sqrt{2}", 1.0),
+    ],
+)
+def test_math_corrections_alternatives_and_signs(response, label, expected):
+    assert _math(response, label) == expected

@@ -84,6 +84,9 @@ _REPEATING = re.compile(r"^(-?)(\d*)\.(\d*)\\overline\{(\d+)\}$")
 _MIXED = re.compile(r"^(-?)(\d+)\s+(\d+)\s*/\s*(\d+)$|^(-?)(\d+)\s*\\frac\{(\d+)\}\{(\d+)\}$")
 _MATRIX = re.compile(r"^\\begin\{([pbBvV]?matrix)\}(.*)\\end\{\1\}$", re.DOTALL)
 _APPROX = re.compile(r"\\approx|≈")
+_SQRT_SIGN = re.compile(r"√\s*(\d+|[a-z]|\{[^{}]*\})")
+# "approximately 42 minutes": the adverb says how the value was found, the value is still 42.
+_LEADING_ADVERB = re.compile(r"^(?:approximately|about|roughly|around|exactly|nearly|just|only)\s+", re.IGNORECASE)
 # -\frac{a}{b}, a/b, or a decimal: the forms compared exactly without sympy.
 _RATIONAL = re.compile(
     r"^(-?)\s*(?:\\frac\{\s*(-?\d+)\s*\}\{\s*(-?\d+)\s*\}|(-?\d+)\s*/\s*(-?\d+)|(-?(?:\d+(?:\.\d*)?|\.\d+)))$"
@@ -175,7 +178,8 @@ def _clean(answer: str) -> str:
     s = s.replace("\\langle", "(").replace("\\rangle", ")")  # <2, 0, -1>: a vector is a tuple
     parts = _APPROX.split(s)  # "1/3 \approx 0.333": the value before the approximation
     s = parts[0].strip() or parts[-1].strip()
-    return _close_braces(s).strip()
+    s = _SQRT_SIGN.sub(r"\\sqrt{\1}", s.replace("±", "\\pm "))
+    return _LEADING_ADVERB.sub("", _close_braces(s)).strip()
 
 
 def normalize(answer: str) -> str:
@@ -261,9 +265,9 @@ def split_values(text: str) -> tuple[list[str], bool]:
         piece = _LEADING.sub("", piece).strip()
         if len(pieces) > 1:
             piece = _SIMPLE_LHS.sub("", piece).strip()
-        if piece.startswith("\\pm"):
-            v = piece[3:].strip()
-            values += [v, f"-{v}"]
+        if piece.count("\\pm") == 1 and "\\mp" not in piece:  # a \pm b names a + b and a - b
+            piece = _SIMPLE_LHS.sub("", piece.replace("\\pm ", "\\pm")).strip()
+            values += [piece.replace("\\pm", "+").removeprefix("+"), piece.replace("\\pm", "-")]
         elif piece:
             values.append(piece)
     return values or [s], any(is_or for _, _, is_or in cuts)

@@ -51,9 +51,11 @@ _SENTENCE_END = re.compile(
 )
 # An explanation clause in a final statement: what follows it is not the answer.
 _CLAUSE = re.compile(r",?\s+(?:because|since|which|as|where|depending|if|when|assuming|given|for)\b")
-# An alternative offered right after an answer: "(or 4 if ...)", ", or maybe 120", "(possibly 8)".
+# An alternative offered right after an answer: "(or 4 if ...)", ", or maybe 120", "(possibly 8)",
+# ", but it might be 8".
 _ALTERNATIVE = re.compile(
-    r"^\s*\$?\s*[,;]?\s*\(?\s*(?:or|possibly|maybe|perhaps|alternatively)\b[\s,]*"
+    r"^\s*\$?\s*[,;]?\s*\(?\s*(?:or|possibly|maybe|perhaps|alternatively|"
+    r"(?:but|though|although)?\s*(?:it|this|that)?\s*(?:might|could|may)\s+(?:also\s+)?be)\b[\s,]*"
     r"(?:maybe|possibly|perhaps|else)?\s*"
     r"(?!(?:equivalently|about|approximately|roughly|around|simplified|written|expressed|in\b|as\b|equal|i\.e))",
     re.IGNORECASE,
@@ -183,7 +185,26 @@ def _span_text(m: re.Match) -> str:
     return next(g for g in m.groups() if g is not None).strip()
 
 
+# A later sentence that withdraws the answer: "The answer is 7. Actually, wait, it is 8."
+_CORRECTION = re.compile(
+    r"\b(?:actually|wait|correction|oops|i made (?:a|an) (?:mistake|error)|that'?s (?:wrong|incorrect)|"
+    r"let me (?:redo|correct|recompute))\b",
+    re.IGNORECASE,
+)
+
+
 def _with_alternative(answer: str, rest: str) -> str:
+    """``answer``, replaced by a correction that follows it, joined with an offered alternative.
+
+    >>> _with_alternative("7", ". Actually, wait, it is 8."), _with_alternative("7", ". Wait, let me verify.")
+    ('8', '7')
+    """
+    corrections = list(_CORRECTION.finditer(rest))
+    if corrections:  # the last sentence with a correction cue, if it states a value, is the answer
+        sentence = re.split(r"(?<=[.!?])\s+|\n", rest[corrections[-1].start() :].strip())[0]
+        corrected = _final_statement(sentence) if _ends_a_statement(sentence) else None
+        if corrected:
+            return corrected
     alt = _alternative(rest)
     return answer if alt is None else answer + ALT + alt
 
