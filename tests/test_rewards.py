@@ -110,7 +110,8 @@ def test_math_issue_19_rules(response, label, expected):
 
 
 def test_math_percent_policy():
-    assert [_math("\\boxed{25\\%}", "0.25"), _math("\\boxed{0.25}", "25\\%"), _math("\\boxed{25\\%}", "25")] == [1, 1, 1]
+    assert [_math("\\boxed{25\\%}", "0.25"), _math("\\boxed{0.25}", "25\\%")] == [1, 1]
+    assert _math("\\boxed{25\\%}", "25") == 1  # labels often drop the sign
     assert [_math("\\boxed{0.25}", "25"), _math("\\boxed{2.5\\%}", "0.25")] == [0, 0]
     number = dict(math_percent_policy="number")
     assert [_math("\\boxed{25\\%}", "0.25", **number), _math("\\boxed{25\\%}", "25", **number)] == [0, 1]

@@ -91,8 +91,10 @@ def _integer_label(label) -> str:
 def _strict_box(tail: str) -> str | None:
     """slime's ``last_boxed_only_string`` + ``remove_boxed``: the last closed ``\\boxed{...}``.
 
-    >>> _strict_box("so \\\\boxed{4} and \\\\boxed{\\\\frac{1}{2}}"), _strict_box("\\\\boxed{4"), _strict_box("\\\\fbox{4}")
-    ('\\\\frac{1}{2}', None, None)
+    >>> _strict_box("so \\\\boxed{4} and \\\\boxed{\\\\frac{1}{2}}")
+    '\\\\frac{1}{2}'
+    >>> _strict_box("\\\\boxed{4"), _strict_box("\\\\fbox{4}")
+    (None, None)
     """
     start = tail.rfind("\\boxed{")
     if start < 0:

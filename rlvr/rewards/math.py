@@ -50,6 +50,12 @@ from rlvr.rewards.math_extract import (  # noqa: F401
 )
 from rlvr.types import Sample, Status
 
+__all__ = [  # the math grader's public names, some defined in math_extract / math_equiv
+    "DEFAULT", "FALLBACK_TAIL", "MAX_ANSWER_CHARS", "MAX_SCAN_CHARS", "PERCENT_POLICIES", "MathOptions",
+    "MathReward", "arity", "choice_letters", "extract_answer", "final_answers", "grade_math", "is_equivalent",
+    "is_unsafe", "label_choice", "last_boxed", "math_reward", "normalize", "split_thinking",
+]
+
 # --- multiple choice ----------------------------------------------------------------------------
 
 _WRAPPERS = re.compile(r"\\(?:textbf|textrm|text|mathrm|mathbf|mbox|operatorname|displaystyle)\s*")
@@ -68,8 +74,10 @@ def _plain(text: str) -> str:
 def choice_letters(answer: str) -> set[str]:
     """The option letters an answer names: ``\\boxed{(B)}`` -> {B}; "A, C", "AC", "B/D" name two.
 
-    >>> sorted(choice_letters("\\\\textbf{(B)} 5")), sorted(choice_letters("A \\\\text{ or } C")), sorted(choice_letters("b"))
-    (['B'], ['A', 'C'], ['B'])
+    >>> sorted(choice_letters("\\\\textbf{(B)} 5")), sorted(choice_letters("A \\\\text{ or } C"))
+    (['B'], ['A', 'C'])
+    >>> sorted(choice_letters("b"))
+    ['B']
     >>> sorted(choice_letters("B, not C")), sorted(choice_letters("AC")), sorted(choice_letters("12"))
     (['B'], ['A', 'C'], [])
     """

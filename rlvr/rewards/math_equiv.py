@@ -69,14 +69,16 @@ _UNIT_TEXT = re.compile(
 # Words after a value ("64 square units", "45 km/h"). Unambiguous on purpose: "(?:[A-Za-z]{2,}\s*)+"
 # backtracks exponentially on a long run of letters that does not end the string.
 _TRAILING_WORDS = re.compile(
-    r"(?<=[\d})])\s*(?:[A-Za-z]{2,}|[A-Za-z]+/[A-Za-z]+)(?:\s+(?:[A-Za-z]{2,}|[A-Za-z]+/[A-Za-z]+))*\s*(?:\^\s*\{?\d\}?)?$"
+    r"(?<=[\d})])\s*(?:[A-Za-z]{2,}|[A-Za-z]+/[A-Za-z]+)(?:\s+(?:[A-Za-z]{2,}|[A-Za-z]+/[A-Za-z]+))*"
+    r"\s*(?:\^\s*\{?\d\}?)?$"
 )
 _DEGREES = re.compile(r"\^\s*\{?\\circ\}?|°")
 _THOUSANDS = re.compile(r"-?\d{1,3}(?:(?:,|\{,\}| )\d{3})+(?:\.\d+)?")
 _TEX_SPACE = re.compile(r"(?<!\\)\\[,;: !]|~")
 _SCIENTIFIC = re.compile(r"(-?\d+(?:\.\d+)?)[eE]([+-]?\d+)")
 _SIMPLE_LHS = re.compile(
-    r"^\s*(?:[A-Za-z]|\{\s*[A-Za-z]\s*\}|[A-Za-z]\s*\(\s*[A-Za-z]\s*\)|\\(?:mathbf|vec|overrightarrow|boldsymbol)\s*\{?\s*[A-Za-z]\s*\}?)"
+    r"^\s*(?:[A-Za-z]|\{\s*[A-Za-z]\s*\}|[A-Za-z]\s*\(\s*[A-Za-z]\s*\)|"
+    r"\\(?:mathbf|vec|overrightarrow|boldsymbol)\s*\{?\s*[A-Za-z]\s*\}?)"
     r"\s*=\s*(?!.*=)"
 )
 _ASSIGNMENTS = re.compile(r"^\s*[a-z]\s*=\s*[^,=]+(?:,\s*[a-z]\s*=\s*[^,=]+)+$")
@@ -127,8 +129,11 @@ def _mixed_to_fraction(text: str) -> str:
 def _vector_to_tuple(text: str) -> str:
     """A row or column ``pmatrix``/``bmatrix`` as the tuple of its entries (a tuple has no orientation).
 
-    >>> _vector_to_tuple("\\\\begin{pmatrix} 1 \\\\\\\\ -2 \\\\end{pmatrix}"), _vector_to_tuple("\\\\begin{pmatrix} 1 & 2 \\\\end{pmatrix}")
-    ('(1,-2)', '(1,2)')
+    >>> _vector_to_tuple("\\\\begin{pmatrix} 1 \\\\\\\\ -2 \\\\end{pmatrix}")
+    '(1,-2)'
+    >>> _vector_to_tuple("\\\\begin{pmatrix} 1 & 2 \\\\end{pmatrix}")
+    '(1,2)'
+
     """
     m = _MATRIX.match(text)
     if not m:
@@ -189,8 +194,11 @@ def normalize(answer: str) -> str:
     ('5', '1500', '50', '64')
     >>> normalize("90^\\\\circ"), normalize("1{,}234"), normalize("1.5e3"), normalize("\\\\textbf{12}")
     ('90', '1234', '1.5\\\\times10^{3}', '12')
-    >>> normalize("x=2, y=3"), normalize("\\\\frac{3}{4"), normalize("{7}"), normalize("12\\\\pi \\\\text{ square units}")
-    ('(2,3)', '\\\\frac{3}{4}', '7', '12\\\\pi')
+    >>> normalize("x=2, y=3"), normalize("\\\\frac{3}{4"), normalize("{7}")
+    ('(2,3)', '\\\\frac{3}{4}', '7')
+    >>> normalize("12\\\\pi \\\\text{ square units}")
+    '12\\\\pi'
+
     """
     s = _clean(answer)
     if re.search(r"[\w})]\s*\\(?:text|mathrm|mbox|textrm)\s*\{", s):

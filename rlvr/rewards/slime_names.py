@@ -83,8 +83,10 @@ def gpqa_reward(sample: Sample) -> float:
     """1.0 when the final answer names exactly the correct option letter.
 
     >>> from rlvr.types import Sample
-    >>> gpqa_reward(Sample("", [], label="B", response="The answer is (B).")), gpqa_reward(Sample("", [], label="B", response="B or C"))
-    (1.0, 0.0)
+    >>> gpqa_reward(Sample("", [], label="B", response="The answer is (B)."))
+    1.0
+    >>> gpqa_reward(Sample("", [], label="B", response="B or C"))
+    0.0
     """
     letter = gpqa_letter(sample.label, sample.metadata)
     readings = _choice_readings(sample.response, sample.status == Status.TRUNCATED)
