@@ -89,6 +89,8 @@ def _math(response, label, status=Status.COMPLETED, prompt="", **cfg):
         ("\\boxed{x \\le -1 \\text{ or } x \\ge 3}", "(-\\infty,-1)\\cup(3,\\infty)", 0.0),
         ("\\boxed{\\text{no real solutions}}", "\\emptyset", 1.0),
         ("\\boxed{0}", "\\emptyset", 0.0),
+        ("\\boxed{\\text{all real numbers}}", "(-\\infty,\\infty)", 1.0),
+        ("\\boxed{\\text{all real numbers}}", "(0,\\infty)", 0.0),
         ("\\boxed{(1, -2, 3)}", "\\begin{pmatrix} 1 \\\\ -2 \\\\ 3 \\end{pmatrix}", 1.0),
         ("\\boxed{(1, 2, 3)}", "\\begin{pmatrix} 1 \\\\ -2 \\\\ 3 \\end{pmatrix}", 0.0),
         ("\\boxed{\\begin{pmatrix} 1 & 2 \\end{pmatrix}}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", 0.0),

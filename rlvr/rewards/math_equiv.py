@@ -19,8 +19,9 @@ algebra). Rules (``docs/rewards.md`` states them for users):
   stated value must equal it: a hedge ("A or C", "6 (or 4 ...)", "12 or 15") gets 0.
 - **Sets.** Inequalities joined by "or" are the union of their solution sets and equal the same
   interval union; "no solution", "no real roots", "none", ``\\{\\}``, ``\\varnothing`` equal
-  ``\\emptyset``; a row or column vector (``pmatrix``/``bmatrix``, ``\\langle\\rangle``) equals the
-  tuple with the same entries.
+  ``\\emptyset``; "all real numbers" equals ``(-\\infty, \\infty)`` and ``\\mathbb{R}``; a row or
+  column vector (``pmatrix``/``bmatrix``, ``\\langle\\rangle``) equals the tuple with the same
+  entries, but a row vector is not a column vector.
 - **Exactness.** Integers, fractions, decimals, mixed numbers (``3 1/2``, ``3\\frac12``) and
   repeating decimals are compared exactly; an inexact decimal never equals a fraction, radical or
   ``\\pi`` (``0.333333`` != ``1/3``; math-verify is asked for 10 decimal places instead of its 6).
@@ -303,6 +304,9 @@ _EMPTY = re.compile(
     r"(?:there (?:are|is) )?no(?:\s+real)?\s+(?:solutions?|roots?|values?|such \w+)(?: exists?)?",
     re.IGNORECASE,
 )
+_ALL_REALS = re.compile(
+    r"(?:the set of )?(?:all|any) real (?:numbers?|values?)|all reals|\\mathbb\s*\{?R\}?|ℝ", re.IGNORECASE
+)
 _RELATION = re.compile(r"<|>|\\le|\\ge|\\lt|\\gt|≤|≥")
 
 
@@ -316,6 +320,12 @@ def is_empty_set(answer: str) -> bool:
     s = re.sub(r"\s+", " ", s.replace(" {", "{")).strip()
     s = _strip_outer_braces(s).strip(" .")
     return _EMPTY.fullmatch(s) is not None
+
+
+def _set_words(answer: str) -> str:
+    """"all real numbers" (also ``\\mathbb{R}``) as the interval it names; anything else unchanged."""
+    s = _WRAPPERS.sub("", _clean(answer)).replace("{", "").replace("}", "").strip(" .")
+    return "(-\\infty,\\infty)" if _ALL_REALS.fullmatch(s) else answer
 
 
 def _as_set(values: list[str], timeout: int | None):
@@ -386,6 +396,7 @@ def same_value(answer: str, label: str, opts: MathOptions = DEFAULT, timeout: in
     empty_a, empty_g = is_empty_set(answer), is_empty_set(label)
     if empty_a or empty_g:
         return empty_a and empty_g
+    answer, label = _set_words(answer), _set_words(label)
     a, fa, bare_a = _scaled(answer, opts.percent_policy)
     g, fg, bare_g = _scaled(label, opts.percent_policy)
     if fa == fg:
