@@ -147,6 +147,7 @@ def test_math_approximation_only_when_asked():
         ("Putting it together: \\boxed{42", 0.0),  # a box the cut left open
         ("Total: 42.\n#### 42", 0.0),  # "#### 42" at the cut
         ("<think>so \\boxed{42}. Let me check 6 * 7 =", 0.0),  # cut while thinking
+        ("<think>" + "step " * 10_000 + "maybe \\boxed{42}? Let me check", 0.0),  # <think> far back
     ],
 )
 def test_truncated_response_needs_an_answer_completed_before_the_cut(response, expected):

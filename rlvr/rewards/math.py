@@ -108,9 +108,10 @@ def _choice_readings(response: str, truncated: bool) -> list[str]:
     found = final_answers(response, truncated, fallback=False)
     if found:
         return found
-    _, final = split_thinking(response[-MAX_SCAN_CHARS:])
+    _, final = split_thinking(response)
     if final is None or truncated:
         return []
+    final = final[-MAX_SCAN_CHARS:]
     if _SINGLE_LETTER.fullmatch(_plain(final)):  # the whole response is one letter
         return [final]
     tail = final[-FALLBACK_TAIL:].rstrip()

@@ -329,10 +329,10 @@ def _final_statement(text: str) -> str | None:
     clause = _CLAUSE.search(sentence)
     if clause and re.search(r"\d|\$|\\", sentence[: clause.start()]):
         sentence = sentence[: clause.start()]
-    values = sorted([(m.start(), m.end()) for m in _MATH_SPAN.finditer(sentence)] + [
-        (m.start(), m.end()) for m in _NUMBER.finditer(sentence)
-        if not any(a <= m.start() < b for a, b in ((s.start(), s.end()) for s in _MATH_SPAN.finditer(sentence)))
-    ])
+    spans = [(m.start(), m.end()) for m in _MATH_SPAN.finditer(sentence)]
+    numbers = [(m.start(), m.end()) for m in _NUMBER.finditer(sentence)
+               if not any(a <= m.start() < b for a, b in spans)]
+    values = sorted(spans + numbers)
     if not values:
         if re.search(r"\bno (?:real )?(?:solutions?|roots?)\b", sentence, re.IGNORECASE):
             return "\\text{no solution}"
@@ -371,8 +371,8 @@ def _answers_in(text: str, truncated: bool, label_parts: int, fallback: bool) ->
     return [found] if found else []
 
 
-def _clean(response: str) -> str:
-    return _END_TOKENS.sub("", response[-MAX_SCAN_CHARS:].replace("\u2212", "-"))
+def _clean(part: str) -> str:
+    return _END_TOKENS.sub("", part[-MAX_SCAN_CHARS:].replace("\u2212", "-"))
 
 
 def final_answers(response: str, truncated: bool = False, label_parts: int = 1, fallback: bool = True) -> list[str]:
@@ -387,12 +387,12 @@ def final_answers(response: str, truncated: bool = False, label_parts: int = 1, 
     >>> final_answers("First, 15 * 4 = 60. Next, 60 - 18 = 42.", truncated=True)
     []
     """
-    thinking, final = split_thinking(_clean(response))
+    thinking, final = split_thinking(response)  # the whole response: <think> may be far back
     if final is None:
         return []  # the model never finished thinking
-    found = _answers_in(final, truncated, label_parts, fallback)
+    found = _answers_in(_clean(final), truncated, label_parts, fallback)
     if not found and thinking and not truncated:  # the answer was only given while thinking
-        found = _answers_in(thinking, False, label_parts, fallback=False)
+        found = _answers_in(_clean(thinking), False, label_parts, fallback=False)
     return found
 
 
