@@ -128,6 +128,8 @@ def test_math_approximation_only_when_asked():
     assert _math("\\boxed{0.33}", "\\frac13", prompt="Round to the nearest hundredth.") == 1.0
     assert _math("\\boxed{0.34}", "\\frac13", prompt="Round to the nearest hundredth.") == 0.0
     assert _math("\\boxed{3.1}", "\\pi", prompt="to the nearest tenth") == 1.0
+    assert _math("\\boxed{33\\%}", "1/3", prompt="Round to the nearest percent.") == 1.0  # 0.33: 2 places
+    assert _math("\\boxed{34\\%}", "1/3", prompt="Round to the nearest percent.") == 0.0
     assert _math("\\boxed{0.3333}", "1/3", math_tolerance=1e-3) == 1.0
     assert _math("\\boxed{0.3}", "1/3", math_tolerance=1e-3) == 0.0
     assert is_equivalent("1.41", "\\sqrt{2}", MathOptions(tolerance=0.01)) and not is_equivalent("1.41", "\\sqrt{2}")

@@ -387,6 +387,14 @@ def _scaled(answer: str, policy: str) -> tuple[str, Fraction, bool]:
     return s, Fraction(1), False
 
 
+def _places(places: int | None, factor: Fraction) -> int | None:
+    """Decimal places of a written number once scaled: ``33%`` is 0.33 (2 places), ``2.5 million`` 0."""
+    if factor == 1:
+        return places
+    shift = len(str(factor.denominator)) - len(str(factor.numerator))  # 1/100 -> 2, 10**6 -> -6
+    return max((places or 0) + shift, 0)
+
+
 def _factor_latex(f: Fraction) -> str:
     return str(f.numerator) if f.denominator == 1 else f"\\frac{{{f.numerator}}}{{{f.denominator}}}"
 
@@ -403,7 +411,7 @@ def same_value(answer: str, label: str, opts: MathOptions = DEFAULT, timeout: in
         return _core_equal(a, g, opts, timeout)
     ra, rg = _rational(normalize(a)), _rational(normalize(g))
     if ra is not None and rg is not None:
-        value = _numbers_equal((ra[0] * fa, ra[1]), (rg[0] * fg, rg[1]), opts)
+        value = _numbers_equal((ra[0] * fa, _places(ra[1], fa)), (rg[0] * fg, _places(rg[1], fg)), opts)
     else:
         value = _core_equal(f"{_factor_latex(fa)}\\cdot({normalize(a)})", f"{_factor_latex(fg)}\\cdot({normalize(g)})",
                             opts, timeout)
