@@ -37,8 +37,9 @@ CHAT_TEMPLATE = (
 # to the head size (families whose default head_dim or query_pre_attn_scalar is a fixed 128/256).
 # The features that make a family differ are on and made to bite at tiny scale: a sliding window
 # of 8 tokens (RL prompts + responses are longer), alternating with full-attention layers where
-# the family mixes them, and soft-capping thresholds near the tiny model's score and logit sizes
-# (Gemma 2's defaults, 50 and 30, would leave a random tiny model's numbers untouched).
+# the family mixes them, and soft-capping at 0.5 (Gemma 2's defaults, 50 and 30, would leave a
+# random tiny model's numbers untouched; 0.5 moves its logits at the default initialisation and
+# its attention scores once the weights are larger, as tests/test_model_matrix.py makes them).
 TINY_WINDOW = 8
 ARCHITECTURES = {
     "qwen2": dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"]),
@@ -46,8 +47,10 @@ ARCHITECTURES = {
     "qwen3": dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], per_head=["head_dim"]),
     "qwen3_moe": dict(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], per_head=["head_dim"],
                       config=dict(num_experts=4, num_experts_per_tok=2), moe=True),
-    "mistral": dict(model_type="mistral", architectures=["MistralForCausalLM"], config=dict(sliding_window=TINY_WINDOW)),
-    "gemma2": dict(model_type="gemma2", architectures=["Gemma2ForCausalLM"], per_head=["head_dim", "query_pre_attn_scalar"],
+    "mistral": dict(model_type="mistral", architectures=["MistralForCausalLM"],
+                    config=dict(sliding_window=TINY_WINDOW)),
+    "gemma2": dict(model_type="gemma2", architectures=["Gemma2ForCausalLM"],
+                   per_head=["head_dim", "query_pre_attn_scalar"],
                    config=dict(sliding_window=TINY_WINDOW, attn_logit_softcapping=0.5, final_logit_softcapping=0.5),
                    alternate_layers=True),
     "gemma3": dict(model_type="gemma3_text", architectures=["Gemma3ForCausalLM"],
@@ -55,6 +58,7 @@ ARCHITECTURES = {
                    alternate_layers=True),
     "phi3": dict(model_type="phi3", architectures=["Phi3ForCausalLM"]),
     "gpt_neox": dict(model_type="gpt_neox", architectures=["GPTNeoXForCausalLM"]),
+    "cohere": dict(model_type="cohere", architectures=["CohereForCausalLM"]),  # logits * logit_scale (0.0625)
 }
 
 
