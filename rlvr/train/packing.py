@@ -13,6 +13,18 @@ to float rounding (tested). Without ``packed_groups`` it *is* SDPA, so a model c
 trainer (e.g. the embedded engine's) generates exactly as before. A single SDPA with a
 block-diagonal mask would also be exact but materialises an N x N mask and N x N scores per head.
 
+Per-layer attention variants follow the layer's own kwargs, as transformers' eager/SDPA paths do:
+``sliding_window`` (Mistral, Qwen2/Gemma layers marked ``sliding_attention``: a key ``window`` or
+more positions behind its query is hidden, by position within the sample) becomes part of each
+slice's mask, and only where the sample is long enough for it to bite; ``softcap`` (Gemma 2's
+``attn_logit_softcapping``) cannot be done by SDPA, so those layers compute explicit scores
+(``capped_attention``, float32 softmax like the eager path) -- packed or not, so the engine's
+copy samples right too. During a packed forward the mask function returns no mask at all, since
+transformers would otherwise build an N x N one for every sliding-window layer. The output layer
+applies ``logit_scale`` (Cohere) and ``final_logit_softcapping`` (Gemma 2/3) before the
+temperature, as the models' own forward does; other logit transforms are refused
+(``UNSUPPORTED_LOGIT_FIELDS``). tests/test_model_matrix.py checks every tiny family.
+
 Padding (``pad``) is kept as the reference layout: right-padded to the longest sample of the
 micro-batch, as the first trainer did and as ``benchmarks/train_throughput.py`` compares against.
 
@@ -22,8 +34,9 @@ softmax run on those rows only, ``chunk_size`` rows at a time (``--log-probs-chu
 autograd each chunk is recomputed in backward, so the full ``[tokens, vocab]`` logits never exist
 at once.
 
-Simplifications: sliding-window attention and logit soft-capping are not supported by the packed
-path (it raises); decoder-only causal LMs only.
+Simplifications: decoder-only causal LMs only; soft-capped layers materialise their scores per
+slice (``SMALL_GROUP`` tokens at most per group call, a prompt or response slice otherwise), as the
+eager path does for the whole sequence; no attention dropout (the trainer's models run in eval mode).
 """
 
 from __future__ import annotations
@@ -135,7 +148,7 @@ def varlen_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     def attend(q, k, v, mask=None):  # mask None: plain causal over a square block
         mask = None if mask is None else mask.to(q.device)
         if softcap is not None:
-            mask = _bottom_right_causal(q.shape[2], k.shape[2]) if mask is None else mask
+            mask = _bottom_right_causal(q.shape[2], k.shape[2]).to(q.device) if mask is None else mask
             return capped_attention(q, k, v, mask, scaling, softcap)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scaling,
                                               enable_gqa=gqa)
@@ -309,8 +322,8 @@ def _chunk_log_probs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch
     return picked, entropy
 
 
-def token_log_probs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
-                    with_entropy: bool, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+def token_log_probs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor,
+                    temperature: float, with_entropy: bool, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log softmax(head(hidden) / T)[target] ``[M]`` and, optionally, the entropy ``[M]`` of each
     row's distribution, ``chunk_size`` rows at a time (recomputed in backward under autograd)."""
     picked, entropy = [], []
