@@ -47,7 +47,7 @@ CASES = {
     "gemma3": ("gemma3", {}, {"window": NO_WINDOW}),
     "phi3": ("phi3", {}, {}),
     "gpt_neox": ("gpt_neox", {}, {}),
-    "cohere": ("cohere", {}, {}),
+    "cohere": ("cohere", {}, {"logit_scale": {"logit_scale": 1.0}}),
 }
 assert {arch for arch, _, _ in CASES.values()} == set(ARCHITECTURES)  # every buildable family is in the matrix
 
