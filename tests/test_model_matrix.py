@@ -4,8 +4,9 @@ For each family (README, "Model families"): the trainer's packed log-probs equal
 forward (transformers' default attention for it, unpacked, one sample at a time) to float32
 rounding, max |diff| <= 1e-5; packed gradients equal the right-padded layout's; the embedded
 engine's sampled log-probs equal the trainer's (mean |diff| <= 1e-5, max <= 1e-3, as for Qwen2 in
-test_engine.py); and ``rlvr train`` runs 2 rollouts. Sequences are longer than the tiny sliding
-window (8), and the family-specific features are checked to bite: without them the numbers move.
+test_engine.py) and its greedy tokens equal HF ``generate``'s (with HF's own sliding-window
+caches); and ``rlvr train`` runs 2 rollouts. Sequences are longer than the tiny sliding window
+(8), and the family-specific features are checked to bite: without them the numbers move.
 
 Weights are initialised 10x larger than transformers' default (``initializer_range=0.2``) so that
 attention is far from uniform and soft-capping changes the scores; at the default scale a
@@ -127,7 +128,7 @@ def test_packed_gradients_equal_the_padded_layouts(family):
 
 
 def test_engine_samples_with_the_trainers_log_probs(family):
-    _, policy, _ = family
+    path, policy, _ = family
     tok = build_tokenizer()
     temp, rng = 0.8, torch.Generator().manual_seed(0)
     engine = EmbeddedEngine(policy, pad_token_id=tok.pad_token_id, seed=5, max_batch_size=8)
@@ -138,8 +139,15 @@ def test_engine_samples_with_the_trainers_log_probs(family):
             for i, p in enumerate(prompts) for j in range(4)]  # 16 rows in 8 slots: rows leave and join mid-run
     try:
         results = engine.generate_sync(reqs)
+        greedy = engine.generate_sync([GenerateRequest(p, SamplingParams(temperature=0, max_new_tokens=8))
+                                       for p in prompts[:2]])  # the first is longer than the window
     finally:
         engine.close()
+    hf = AutoModelForCausalLM.from_pretrained(path).eval()  # HF generate: its own (sliding-window) caches
+    for p, r in zip(prompts, greedy):
+        out = hf.generate(torch.tensor([p]), do_sample=False, max_new_tokens=8, eos_token_id=None,
+                          pad_token_id=tok.pad_token_id)
+        assert r.token_ids == out[0, len(p):].tolist()
     samples = [Sample("", r.prompt_ids, response_ids=res.token_ids) for r, res in zip(reqs, results)]
     assert max(s.total_length for s in samples) > 2 * TINY_WINDOW
     width = max(s.response_length for s in samples)
