@@ -107,7 +107,7 @@ class RolloutConfig:
     )
     # ---- fully async rollout and fault tolerance (issue 9) ----
     rollout_concurrency: int | None = _f(
-        None, "--async: prompt groups in flight at once (each --n-samples-per-prompt requests); default --rollout-batch-size"
+        None, "--async: prompt groups in flight at once (each --n-samples-per-prompt requests); default --rollout-batch-size", ge=1
     )
     use_fault_tolerance: bool = _f(
         False, "health-check the engine server processes (engine actors under --ray); restart a dead or hung one, push it the weights, re-issue its requests"
@@ -155,8 +155,6 @@ class RolloutConfig:
             raise ConfigError("--rollout-num-engines", f"must be >= 1, got {self.rollout_num_engines}")
         if self.rollout_external_engine_retries < 0:
             raise ConfigError("--rollout-external-engine-retries", f"must be >= 0, got {self.rollout_external_engine_retries}")
-        if self.rollout_concurrency is not None and self.rollout_concurrency < 1:
-            raise ConfigError("--rollout-concurrency", f"must be >= 1, got {self.rollout_concurrency}")
         for name in ("rollout_health_check_interval", "rollout_health_check_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigError(flag_of(name), f"must be > 0, got {getattr(self, name)}")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 
 from rlvr.rewards.grader import inline
+from rlvr.rewards.registry import REWARDS
 from rlvr.types import Sample
 
 TAIL_CHARS = 300
@@ -85,6 +86,7 @@ def _integer_label(label) -> str:
 
 
 @inline  # cheap pure CPU: runs on the event-loop thread, where math-verify's alarm works
+@REWARDS.register("dapo")
 def dapo_reward(sample: Sample) -> dict:
     """DAPO's reward: ``score`` 1.0 when the last ``Answer:`` line matches the integer label, else -1.0.
 
@@ -99,12 +101,3 @@ def dapo_reward(sample: Sample) -> dict:
     pred = normalize_final_answer(found[-1]) if found else "[INVALID]"
     correct = pred == gold
     return {"score": 1.0 if correct else -1.0, "acc": 1.0 if correct else 0.0, "pred": pred}
-
-
-def _register() -> None:
-    from rlvr.rewards.registry import REWARDS
-
-    REWARDS.register("dapo")(dapo_reward)
-
-
-_register()

@@ -16,8 +16,9 @@ which DeepScaleR rejects) and stricter where sympy's ``simplify`` would hang (hu
 
 from __future__ import annotations
 
-from rlvr.rewards.math import is_equivalent, last_boxed
 from rlvr.rewards.grader import inline
+from rlvr.rewards.math import is_equivalent, last_boxed
+from rlvr.rewards.registry import REWARDS
 from rlvr.types import Sample
 
 
@@ -37,6 +38,7 @@ def solution_part(response: str) -> str | None:
 
 
 @inline  # cheap pure CPU: runs on the event-loop thread, where math-verify's alarm works
+@REWARDS.register("deepscaler")
 def deepscaler_reward(sample: Sample) -> float:
     """1.0 when the boxed answer after ``</think>`` equals the label, else 0.0.
 
@@ -58,12 +60,3 @@ def deepscaler_reward(sample: Sample) -> float:
     if answer is None or not label.strip():
         return 0.0
     return 1.0 if is_equivalent(answer, label) else 0.0
-
-
-def _register() -> None:
-    from rlvr.rewards.registry import REWARDS
-
-    REWARDS.register("deepscaler")(deepscaler_reward)
-
-
-_register()

@@ -299,8 +299,19 @@ def pad(samples: list[Sample]) -> TokenBatch:
     return TokenBatch(ids, attn, positions, *_index(rows))
 
 
-def layout(samples: list[Sample], packed: bool, share_prompts: bool = True) -> TokenBatch:
-    return pack(samples, share_prompts) if packed else pad(samples)
+@dataclass(frozen=True)
+class Layout:
+    """How the trainer lays out a micro-batch (``Trainer(layout=...)``): packed, the default and
+    what runs use (one row, no padding; with ``share_prompts`` a prompt shared by several samples
+    is computed once), or right-padded (``packed=False``), the reference layout that
+    ``benchmarks/train_throughput.py`` measures against. The numbers agree to float rounding
+    (tests/test_packing.py, tests/test_trainer_steps.py); only time and memory differ."""
+
+    packed: bool = True
+    share_prompts: bool = True
+
+    def batch(self, samples: list[Sample]) -> TokenBatch:
+        return pack(samples, self.share_prompts) if self.packed else pad(samples)
 
 
 def response_hidden(base_model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
@@ -391,7 +402,7 @@ def response_log_probs(model: torch.nn.Module, samples: list[Sample], temperatur
         raise ValueError(f"response_log_probs needs a model loaded with attn_implementation={ATTN_IMPLEMENTATION!r} "
                          f"(rlvr.train.trainer.load_policy); this one uses {model.config._attn_implementation!r}")
     base, head = decoder_and_head(model)
-    batch = layout(samples, packed, share_prompts)
+    batch = Layout(packed, share_prompts).batch(samples)
     lp, ent = token_log_probs(head, response_hidden(base, batch), batch.targets, temperature, with_entropy, chunk_size)
     rows = lambda v: to_rows(v, batch, len(samples), width)  # noqa: E731
     return rows(lp), (rows(ent) if ent is not None else None)
