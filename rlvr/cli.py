@@ -44,12 +44,10 @@ def _eval(argv: list[str]) -> None:
     from rlvr.config import build_config, make_parser, merged_values
     from rlvr.errors import ConfigError
     from rlvr.evaluate import run_eval
-    from rlvr.fields import check_bounds
 
     values = merged_values(make_parser("rlvr eval").parse_args(argv))
     cfg = build_config(values)
     for group in (cfg.train, cfg.data, cfg.eval, cfg.rollout):  # no RL, so only these groups matter
-        check_bounds(group)
         group.validate()
     if not cfg.eval.eval_prompt_data:
         raise ConfigError("--eval-prompt-data", "is required: NAME PATH [NAME PATH ...] or one PATH")

@@ -24,11 +24,12 @@ from typing import Any
 
 import yaml
 
+from rlvr.algo.advantages import estimator_of
 from rlvr.algo.config import AlgoConfig
 from rlvr.distributed.config import ClusterConfig
 from rlvr.engine.config import EngineConfig
 from rlvr.errors import ConfigError
-from rlvr.fields import check_bounds, choices_of, flag_of, help_of
+from rlvr.fields import check_bounds, flag_of, help_of, static_choices
 from rlvr.fields import option as _f
 from rlvr.rewards.config import RewardConfig
 
@@ -48,13 +49,14 @@ class DataConfig:
         None, 'extra keyword arguments of apply_chat_template, as a JSON object: \'{"enable_thinking": false}\''
     )
     rollout_max_prompt_len: int | None = _f(
-        None, "drop (and count) training prompts longer than this many tokens; never truncated"
+        None, "drop (and count) training prompts longer than this many tokens; never truncated", ge=1
     )
 
     def chat_template_kwargs(self) -> dict:
         return json.loads(self.apply_chat_template_kwargs) if self.apply_chat_template_kwargs else {}
 
     def validate(self) -> None:
+        check_bounds(self)  # the ranges and choices declared on the fields
         from rlvr.data.readers import dataset_kind
 
         if self.prompt_data is not None:
@@ -69,19 +71,17 @@ class DataConfig:
                 raise ConfigError("--apply-chat-template-kwargs", f"not valid JSON: {e}") from None
             if not isinstance(kwargs, dict):
                 raise ConfigError("--apply-chat-template-kwargs", "must be a JSON object, e.g. '{\"enable_thinking\": false}'")
-        if self.rollout_max_prompt_len is not None and self.rollout_max_prompt_len < 1:
-            raise ConfigError("--rollout-max-prompt-len", f"must be >= 1, got {self.rollout_max_prompt_len}")
 
 
 @dataclass
 class RolloutConfig:
     """How responses are sampled and graded."""
 
-    rollout_batch_size: int = _f(8, "prompts per rollout")
-    n_samples_per_prompt: int = _f(8, "responses sampled per prompt (the GRPO group size)")
-    rollout_max_response_len: int = _f(64, "maximum new tokens per response")
-    rollout_temperature: float = _f(1.0, "sampling temperature (also applied to training log-probs)")
-    rollout_top_p: float = _f(1.0, "nucleus sampling mass")
+    rollout_batch_size: int = _f(8, "prompts per rollout", ge=1)
+    n_samples_per_prompt: int = _f(8, "responses sampled per prompt (the GRPO group size)", ge=1)
+    rollout_max_response_len: int = _f(64, "maximum new tokens per response", ge=1)
+    rollout_temperature: float = _f(1.0, "sampling temperature (also applied to training log-probs); greedy (0) has no exploration", gt=0)
+    rollout_top_p: float = _f(1.0, "nucleus sampling mass", gt=0, le=1)
     rollout_top_k: int = _f(-1, "top-k sampling; -1 = off")
     custom_reward_post_process_path: str | None = _f(
         None, "post-process a rollout's rewards: a registered name (dcpo) or pkg.module:fn(samples, tokenizer)"
@@ -89,9 +89,9 @@ class RolloutConfig:
     dynamic_sampling_filter_path: str | None = _f(
         None, "keep only groups passing this filter (nonzero_std, or pkg.module:fn(group) -> bool), resampling"
     )
-    dynamic_sampling_max_rounds: int = _f(8, "sampling rounds a rollout may take to fill its batch with kept groups")
+    dynamic_sampling_max_rounds: int = _f(8, "sampling rounds a rollout may take to fill its batch with kept groups", ge=1)
     overlong_buffer_len: int | None = _f(None, "DAPO soft overlong penalty: ramp length before the max length")
-    overlong_penalty_factor: float = _f(1.0, "DAPO soft overlong penalty: its maximum size")
+    overlong_penalty_factor: float = _f(1.0, "DAPO soft overlong penalty: its maximum size", ge=0)
     # ---- engine, abort and partial rollout (issue 5) ----
     over_sampling_batch_size: int | None = _f(
         None, "prompt groups submitted per sampling round (>= --rollout-batch-size); extra groups are aborted once enough are kept"
@@ -100,21 +100,15 @@ class RolloutConfig:
     mask_offpolicy_in_partial_rollout: bool = _f(False, "with --partial-rollout: loss mask 0 on tokens an older policy produced")
     # ---- fully async rollout and fault tolerance (issue 9) ----
     rollout_concurrency: int | None = _f(
-        None, "--async: prompt groups in flight at once (each --n-samples-per-prompt requests); default --rollout-batch-size"
+        None, "--async: prompt groups in flight at once (each --n-samples-per-prompt requests); default --rollout-batch-size", ge=1
     )
 
     def validate(self) -> None:
+        check_bounds(self)  # the ranges and choices declared on the fields
         from rlvr.registry import resolve
         from rlvr.rollout.filters import FILTERS
         from rlvr.rollout.postprocess import POST_PROCESS
 
-        for name in ("rollout_batch_size", "n_samples_per_prompt", "rollout_max_response_len"):
-            if getattr(self, name) < 1:
-                raise ConfigError(flag_of(name), f"must be >= 1, got {getattr(self, name)}")
-        if self.rollout_temperature <= 0:
-            raise ConfigError("--rollout-temperature", "must be > 0 for RL sampling (greedy has no exploration)")
-        if not 0 < self.rollout_top_p <= 1:
-            raise ConfigError("--rollout-top-p", f"must be in (0, 1], got {self.rollout_top_p}")
         for flag, registry, value in (
             ("--dynamic-sampling-filter-path", FILTERS, self.dynamic_sampling_filter_path),
             ("--custom-reward-post-process-path", POST_PROCESS, self.custom_reward_post_process_path),
@@ -124,8 +118,6 @@ class RolloutConfig:
                     resolve(registry, value, flag)
                 except KeyError as e:
                     raise ConfigError(flag, str(e.args[0])) from None
-        if self.dynamic_sampling_max_rounds < 1:
-            raise ConfigError("--dynamic-sampling-max-rounds", "must be >= 1")
         if self.overlong_buffer_len is not None and not 0 < self.overlong_buffer_len <= self.rollout_max_response_len:
             raise ConfigError(
                 "--overlong-buffer-len",
@@ -136,8 +128,6 @@ class RolloutConfig:
                               f"must be >= --rollout-batch-size {self.rollout_batch_size}, got {self.over_sampling_batch_size}")
         if self.mask_offpolicy_in_partial_rollout and not self.partial_rollout:
             raise ConfigError("--mask-offpolicy-in-partial-rollout", "only acts with --partial-rollout; add it or drop this flag")
-        if self.rollout_concurrency is not None and self.rollout_concurrency < 1:
-            raise ConfigError("--rollout-concurrency", f"must be >= 1, got {self.rollout_concurrency}")
 
 
 @dataclass
@@ -146,55 +136,44 @@ class TrainConfig:
 
     hf_checkpoint: str | None = _f(None, "Hugging Face checkpoint directory of the policy (and reference)")
     global_batch_size: int | None = _f(None, "samples per optimizer step; default = one step per rollout")
-    lr: float = _f(1e-6, "AdamW learning rate")
-    min_lr: float = _f(0.0, "learning rate at the end of a linear or cosine decay")
+    lr: float = _f(1e-6, "AdamW learning rate", gt=0)
+    min_lr: float = _f(0.0, "learning rate at the end of a linear or cosine decay", ge=0)
     lr_decay_style: str = _f("constant", "learning-rate schedule over the run's optimizer steps",
                              ["constant", "linear", "cosine"])
-    lr_warmup_iters: int = _f(0, "optimizer steps of linear warm-up from 0 to --lr")
-    weight_decay: float = _f(0.0, "AdamW weight decay")
-    adam_beta1: float = _f(0.9, "AdamW beta1")
-    adam_beta2: float = _f(0.98, "AdamW beta2")
-    clip_grad: float = _f(1.0, "clip the global gradient norm to this; 0 = off")
+    lr_warmup_iters: int = _f(0, "optimizer steps of linear warm-up from 0 to --lr", ge=0)
+    weight_decay: float = _f(0.0, "AdamW weight decay", ge=0)
+    adam_beta1: float = _f(0.9, "AdamW beta1", ge=0, lt=1)
+    adam_beta2: float = _f(0.98, "AdamW beta2", ge=0, lt=1)
+    clip_grad: float = _f(1.0, "clip the global gradient norm to this; 0 = off", ge=0)
     use_dynamic_batch_size: bool = _f(False, "form micro-batches by token count (--max-tokens-per-gpu)")
-    max_tokens_per_gpu: int | None = _f(None, "token budget of one micro-batch with dynamic batch size")
-    micro_batch_size: int = _f(1, "samples per micro-batch without dynamic batch size")
+    max_tokens_per_gpu: int | None = _f(None, "token budget of one micro-batch with dynamic batch size", ge=1)
+    micro_batch_size: int = _f(1, "samples per micro-batch without dynamic batch size", ge=1)
     seed: int = _f(1234, "seed of model sampling and training")
     critic_load: str | None = _f(None, "PPO critic initial weights (HF directory); default --hf-checkpoint")
     critic_lr: float | None = _f(None, "PPO critic learning rate; default --lr")
     ref_load: str | None = _f(None, "reference model for the KL terms (HF directory); default the initial policy")
-    ref_update_interval: int | None = _f(None, "copy the policy into the reference model every N rollouts")
+    ref_update_interval: int | None = _f(None, "copy the policy into the reference model every N rollouts", ge=1)
     use_rollout_logprobs: bool = _f(False, "use the engine's log-probs as the old policy instead of recomputing them")
     log_probs_chunk_size: int = _f(-1, "response tokens per output-layer chunk for log-probs/entropy; -1 = one chunk")
     balance_data: bool = _f(False, "split a rollout across data-parallel ranks by token count (Karmarkar-Karp)")
     bf16: bool = _f(False, "bfloat16 parameters and activations, float32 master weights in the optimizer")
     recompute_activations: bool = _f(False, "recompute each layer's activations in backward to save memory")
-    max_consecutive_skipped_steps: int = _f(3, "stop after this many optimizer steps in a row skipped for a non-finite loss/grad norm")
+    max_consecutive_skipped_steps: int = _f(3, "stop after this many optimizer steps in a row skipped for a non-finite loss/grad norm", ge=1)
 
     def validate(self) -> None:
+        check_bounds(self)  # the ranges and choices declared on the fields
         if self.hf_checkpoint is None:
             raise ConfigError("--hf-checkpoint", "is required: a Hugging Face model directory")
         if not (Path(self.hf_checkpoint) / "config.json").is_file():
             raise ConfigError("--hf-checkpoint", f"{self.hf_checkpoint} has no config.json; point it at a HF model directory")
-        if self.lr <= 0:
-            raise ConfigError("--lr", f"must be > 0, got {self.lr}")
         if not 0 <= self.min_lr <= self.lr:
             raise ConfigError("--min-lr", f"must be in [0, --lr {self.lr}], got {self.min_lr}")
-        if self.lr_warmup_iters < 0:
-            raise ConfigError("--lr-warmup-iters", f"must be >= 0, got {self.lr_warmup_iters}")
         if self.use_dynamic_batch_size and not self.max_tokens_per_gpu:
             raise ConfigError("--max-tokens-per-gpu", "is required with --use-dynamic-batch-size")
-        if self.max_tokens_per_gpu is not None and self.max_tokens_per_gpu < 1:
-            raise ConfigError("--max-tokens-per-gpu", f"must be >= 1, got {self.max_tokens_per_gpu}")
-        if self.micro_batch_size < 1:
-            raise ConfigError("--micro-batch-size", f"must be >= 1, got {self.micro_batch_size}")
         if self.ref_load is not None and not (Path(self.ref_load) / "config.json").is_file():
             raise ConfigError("--ref-load", f"{self.ref_load} has no config.json; point it at a HF model directory")
-        if self.ref_update_interval is not None and self.ref_update_interval < 1:
-            raise ConfigError("--ref-update-interval", f"must be >= 1, got {self.ref_update_interval}")
         if self.log_probs_chunk_size == 0 or self.log_probs_chunk_size < -1:
             raise ConfigError("--log-probs-chunk-size", f"must be >= 1 or -1 (one chunk), got {self.log_probs_chunk_size}")
-        if self.max_consecutive_skipped_steps < 1:
-            raise ConfigError("--max-consecutive-skipped-steps", f"must be >= 1, got {self.max_consecutive_skipped_steps}")
 
 
 @dataclass
@@ -202,12 +181,12 @@ class EvalConfig:
     """Held-out evaluation."""
 
     eval_prompt_data: list[str] = _f([], "NAME PATH [NAME PATH ...] held-out sets (or a single PATH)")
-    eval_interval: int | None = _f(None, "evaluate every N rollouts (and before training, and at the end)")
-    eval_temperature: float = _f(0.0, "sampling temperature for eval; 0 = greedy")
-    eval_max_response_len: int | None = _f(None, "max new tokens in eval; default --rollout-max-response-len")
-    n_samples_per_eval_prompt: int = _f(1, "responses per eval prompt")
+    eval_interval: int | None = _f(None, "evaluate every N rollouts (and before training, and at the end)", ge=1)
+    eval_temperature: float = _f(0.0, "sampling temperature for eval; 0 = greedy", ge=0)
+    eval_max_response_len: int | None = _f(None, "max new tokens in eval; default --rollout-max-response-len", ge=1)
+    n_samples_per_eval_prompt: int = _f(1, "responses per eval prompt", ge=1)
     skip_eval_before_train: bool = _f(False, "do not evaluate the starting checkpoint")
-    eval_top_p: float | None = _f(None, "nucleus mass in eval; default --rollout-top-p (1 when greedy)")
+    eval_top_p: float | None = _f(None, "nucleus mass in eval; default --rollout-top-p (1 when greedy)", gt=0, le=1)
     eval_top_k: int | None = _f(None, "top-k in eval; default --rollout-top-k (off when greedy)")
 
     def datasets(self) -> list[tuple[str, str]]:
@@ -218,6 +197,7 @@ class EvalConfig:
         return [(items[i], items[i + 1]) for i in range(0, len(items), 2)]
 
     def validate(self) -> None:
+        check_bounds(self)  # the ranges and choices declared on the fields
         if len(self.eval_prompt_data) > 1 and len(self.eval_prompt_data) % 2:
             raise ConfigError("--eval-prompt-data", "takes NAME PATH pairs (or one PATH); got an odd count")
         from rlvr.data.readers import dataset_kind
@@ -227,10 +207,6 @@ class EvalConfig:
                 dataset_kind(path)
             except ValueError as e:
                 raise ConfigError("--eval-prompt-data", f"{name}: {e}") from None
-        if self.eval_top_p is not None and not 0 < self.eval_top_p <= 1:
-            raise ConfigError("--eval-top-p", f"must be in (0, 1], got {self.eval_top_p}")
-        if self.eval_interval is not None and self.eval_interval < 1:
-            raise ConfigError("--eval-interval", f"must be >= 1, got {self.eval_interval}")
 
 
 @dataclass
@@ -241,10 +217,10 @@ class AsyncConfig:
         False, "fully async: a producer keeps --rollout-concurrency groups in flight while the trainer trains",
         flag="--async",
     )
-    update_weights_interval: int = _f(1, "push the trainer's weights to the engines every N rollouts (sync and async)")
+    update_weights_interval: int = _f(1, "push the trainer's weights to the engines every N rollouts (sync and async)", ge=1)
     max_staleness: int = _f(
         1, "--async: never train on a sample whose oldest token is more than K weight versions behind the policy being "
-           "trained (such groups are re-generated); 0 = exactly on-policy"
+           "trained (such groups are re-generated); 0 = exactly on-policy", ge=0
     )
     weight_update_inflight: str = _f(
         "abort", "--async: requests in flight at a weight push are aborted and continued on the new weights (partial "
@@ -253,10 +229,7 @@ class AsyncConfig:
     )
 
     def validate(self) -> None:
-        if self.update_weights_interval < 1:
-            raise ConfigError("--update-weights-interval", f"must be >= 1, got {self.update_weights_interval}")
-        if self.max_staleness < 0:
-            raise ConfigError("--max-staleness", f"must be >= 0, got {self.max_staleness}")
+        check_bounds(self)  # the ranges and choices declared on the fields
         if self.async_train and self.max_staleness < self.update_weights_interval - 1:
             raise ConfigError(
                 "--max-staleness",
@@ -270,14 +243,14 @@ class AsyncConfig:
 class RunConfig:
     """Length of the run, where its outputs go, what is logged."""
 
-    num_rollout: int = _f(10, "number of rollouts (RL steps) to run")
+    num_rollout: int = _f(10, "number of rollouts (RL steps) to run", ge=1)
     output_dir: str = _f("runs/latest", "run directory: config, metrics, samples, events, plots")
     save: str | None = _f(None, "checkpoint directory; default OUTPUT_DIR/checkpoints")
-    save_interval: int | None = _f(None, "save a checkpoint every N rollouts (and at the end)")
+    save_interval: int | None = _f(None, "save a checkpoint every N rollouts (and at the end)", ge=1)
     use_tensorboard: bool = _f(False, "write TensorBoard events to OUTPUT_DIR/tensorboard")
     # -- checkpoints and resume
     load: str | None = _f(None, "resume from the newest checkpoint in this directory (none there yet: start fresh)")
-    keep_last_k: int | None = _f(None, "keep only the newest K checkpoints under --save; default keep all")
+    keep_last_k: int | None = _f(None, "keep only the newest K checkpoints under --save; default keep all", ge=1)
     save_hf: str | None = _f(None, "also write a plain HF checkpoint here at the end ({rollout_id}: at every save)")
     # -- debug replay (slime's flags)
     save_debug_rollout_data: str | None = _f(None, "save each rollout's samples to this path template with {rollout_id}")
@@ -296,12 +269,7 @@ class RunConfig:
                          ["online", "offline", "disabled"])
 
     def validate(self) -> None:
-        if self.num_rollout < 1:
-            raise ConfigError("--num-rollout", f"must be >= 1, got {self.num_rollout}")
-        if self.save_interval is not None and self.save_interval < 1:
-            raise ConfigError("--save-interval", f"must be >= 1, got {self.save_interval}")
-        if self.keep_last_k is not None and self.keep_last_k < 1:
-            raise ConfigError("--keep-last-k", f"must be >= 1, got {self.keep_last_k}")
+        check_bounds(self)  # the ranges and choices declared on the fields
         for name in ("save_debug_rollout_data", "load_debug_rollout_data"):
             value = getattr(self, name)
             if value is not None and "{rollout_id}" not in value:
@@ -365,8 +333,7 @@ class Config:
 
     def validate(self, rl: bool = True) -> Config:
         """Check every group, then the cross-group rules; ``rl=False`` (SFT) skips the RL-only ones."""
-        for group in GROUPS:
-            check_bounds(getattr(self, group))  # declared on the fields (rlvr.fields)
+        for group in GROUPS:  # each checks its declared bounds (rlvr.fields.check_bounds), then its rules
             getattr(self, group).validate()
         if self.data.prompt_data is None:
             raise ConfigError("--prompt-data", "is required: a JSONL or Parquet file, or a datasets directory, of prompts")
@@ -397,14 +364,18 @@ class Config:
         for name in ("ref_load", "ref_update_interval"):
             if getattr(self.train, name) is not None and not uses_ref:
                 raise ConfigError(flag_of(name), "does nothing without a KL term; add --use-kl-loss or --kl-coef, or unset it")
-        if self.algo.advantage_estimator in ("grpo", "gspo", "cispo", "rloo") and self.rollout.n_samples_per_prompt < 2:
-            raise ConfigError("--n-samples-per-prompt", f"{self.algo.advantage_estimator} needs groups of >= 2 samples")
-        if self.algo.advantage_estimator == "dcpo" and self.rollout.custom_reward_post_process_path is None:
-            raise ConfigError(
-                "--advantage-estimator",
-                "dcpo needs per-sample confidences: add --rm-type math_confidence --custom-reward-post-process-path dcpo",
-            )
+        self._validate_estimator()
         return self
+
+    def _validate_estimator(self) -> None:
+        """What the estimator's traits (``rlvr.algo.register_estimator``) ask of the rest of the config."""
+        name, est = self.algo.advantage_estimator, estimator_of(self.algo)
+        if est.group_relative and self.rollout.n_samples_per_prompt < 2:
+            raise ConfigError("--n-samples-per-prompt", f"{self.rollout.n_samples_per_prompt}: {name} compares the "
+                                                        "samples of one prompt, so it needs groups of >= 2 samples")
+        if est.side_inputs and self.rollout.custom_reward_post_process_path is None:
+            raise ConfigError("--advantage-estimator", f"{name} reads per-sample inputs {list(est.side_inputs)} that "
+                                                       f"no reward post-process writes: {est.side_inputs_hint}")
 
     def _validate_ray(self) -> None:
         """What ``--ray`` cannot do (yet), refused before any actor starts."""
@@ -415,8 +386,9 @@ class Config:
         refused = [
             ("--rollout-external-engine-addrs", bool(self.engine.rollout_external_engine_addrs),
              "Ray engines are embedded engine actors; use external servers in local mode"),
-            ("--advantage-estimator", self.algo.advantage_estimator == "ppo",
-             "ppo's critic is not data-parallel yet; use a critic-free estimator (grpo, rloo, ...) under --ray"),
+            ("--advantage-estimator", estimator_of(self.algo).needs_critic,
+             f"{self.algo.advantage_estimator}'s critic is not data-parallel yet; use a critic-free estimator "
+             "(grpo, rloo, ...) under --ray"),
             ("--debug-rollout-only", self.run.debug_rollout_only and c.colocate,
              "nothing trains, so there is nothing to time-share with; drop --colocate"),
             ("--bf16", self.train.bf16 and c.train_backend == "fsdp",
@@ -503,8 +475,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                 kwargs["type"] = _or_none(tp) if _optional(f.type) else tp
                 if is_list:
                     kwargs["nargs"] = "+"
-                if choices_of(f) is not None:  # asked now: names registered by user code count
-                    kwargs["choices"] = choices_of(f)
+                if static_choices(f) is not None:  # registry names: checked after plugins load
+                    kwargs["choices"] = static_choices(f)
             section.add_argument(f.metadata.get("flag", flag_of(f.name)), **kwargs)
 
 
@@ -554,7 +526,7 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         value = tp(value)
     except (TypeError, ValueError):
         raise ConfigError(flag_of(name), f"{source}: expected {tp.__name__}, got {value!r}") from None
-    choices = choices_of(f)
+    choices = static_choices(f)  # registry names are checked by validate, once plugins are imported
     if choices is not None and value not in choices:
         raise ConfigError(flag_of(name), f"{source}: unknown value {value!r}; valid: {', '.join(choices)}")
     return value

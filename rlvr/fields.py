@@ -23,6 +23,9 @@ Traceback (most recent call last):
 rlvr.errors.ConfigError: --p: must be in (0, 1], got 0.0
 >>> help_of(fields(G)[1])
 'a mass (in (0, 1])'
+
+Registry-backed choices are not given to argparse (a plugin named on the same command line may
+register the name), only listed in the help; ``check_bounds`` checks them.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Callable
 
 from rlvr.errors import ConfigError
 
-Choices = "list[str] | Callable[[], list[str]] | None"
+Choices = list[str] | Callable[[], list[str]] | None
 
 
 def option(default, help: str, choices: Choices = None, flag: str | None = None, *,
@@ -79,10 +82,21 @@ def bounds_text(bounds: dict[str, float]) -> str:
     return f"{'<=' if high[0] == ']' else '<'} {_num(high[1])}"
 
 
+def static_choices(f: Field) -> list[str] | None:
+    """A fixed list of choices (argparse may check it); None for free-form or registry-backed
+    fields, whose names are checked by ``check_bounds`` once user plugins are imported."""
+    choices = f.metadata.get("choices")
+    return None if callable(choices) else choices
+
+
 def help_of(f: Field) -> str:
-    """The field's help with its bounds appended (what ``--help`` shows)."""
-    bounds = f.metadata.get("bounds")
-    return f"{f.metadata['help']} ({bounds_text(bounds)})" if bounds else f.metadata["help"]
+    """The field's help with its bounds, or a registry's current names, appended (``--help``)."""
+    text, bounds, choices = f.metadata["help"], f.metadata.get("bounds"), f.metadata.get("choices")
+    if bounds:
+        text += f" ({bounds_text(bounds)})"
+    if callable(choices):
+        text += f" (registered: {', '.join(choices())})"
+    return text
 
 
 def _in_bounds(value: float, bounds: dict[str, float]) -> bool:

@@ -23,10 +23,14 @@ T = TypeVar("T")
 class Registry(Generic[T]):
     """A name -> object table. Unknown names fail with the valid list; duplicates fail."""
 
-    def __init__(self, kind: str, flag: str | None = None):
+    def __init__(self, kind: str, flag: str | None = None, builtins: tuple[str, ...] = ()):
         self.kind = kind
         self.flag = flag
         self._items: dict[str, T] = {}
+        # Modules whose entries register themselves on import, imported on the first read: so
+        # the registry's contents never depend on what happened to be imported before, and
+        # importing the registry stays cheap (a reward's heavy dependencies load when asked for).
+        self._builtins = builtins
 
     def register(self, name: str) -> Callable[[T], T]:
         def deco(obj: T) -> T:
@@ -37,7 +41,19 @@ class Registry(Generic[T]):
 
         return deco
 
+    def unregister(self, name: str) -> None:
+        """Remove a name (a plugin's test cleaning up after itself); unknown names fail as lookups do."""
+        self[name]
+        del self._items[name]
+
+    def _load_builtins(self) -> None:
+        if self._builtins:
+            modules, self._builtins = self._builtins, ()
+            for module in modules:
+                importlib.import_module(module)
+
     def __getitem__(self, name: str) -> T:
+        self._load_builtins()
         try:
             return self._items[name]
         except KeyError:
@@ -47,12 +63,14 @@ class Registry(Generic[T]):
             ) from None
 
     def __contains__(self, name: object) -> bool:
+        self._load_builtins()
         return name in self._items
 
     def __iter__(self) -> Iterator[str]:
-        return iter(sorted(self._items))
+        return iter(self.names())
 
     def names(self) -> list[str]:
+        self._load_builtins()
         return sorted(self._items)
 
 

@@ -125,3 +125,37 @@ def test_engine_flags_are_the_engine_group_with_declared_bounds(base, tmp_path):
             parse_config(base + [flag, value])
     with pytest.raises(ConfigError, match="--use-fault-tolerance: restarts the engine processes rlvr launches"):
         parse_config(base + ["--use-fault-tolerance", "--rollout-external-engine-addrs", "127.0.0.1:1"])
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--n-samples-per-prompt", "0", "must be >= 1, got 0"),
+    ("--rollout-top-p", "1.5", "must be in (0, 1], got 1.5"),
+    ("--rollout-temperature", "0", "must be > 0, got 0.0"),
+    ("--lr", "-1", "must be > 0, got -1.0"),
+    ("--gamma", "1.5", "must be in [0, 1], got 1.5"),
+    ("--eps-clip-c", "1", "must be > 1, got 1.0"),
+    ("--max-staleness", "-1", "must be >= 0, got -1"),
+    ("--code-max-processes", "0", "must be >= 1, got 0"),
+    ("--actor-num-nodes", "0", "must be >= 1, got 0"),
+    ("--rollout-health-check-timeout", "0", "must be > 0, got 0.0"),
+])
+def test_declared_bounds_are_enforced_and_shown_in_help(base, flag, value, message, capsys):
+    """One declaration per field: validation and --help read the same bounds (rlvr.fields)."""
+    with pytest.raises(ConfigError) as e:
+        parse_config(base + [flag, value])
+    assert str(e.value) == f"{flag}: {message}"
+    with pytest.raises(SystemExit):
+        parse_config(["--help"])
+    bound = message.split(", got")[0].removeprefix("must be ")
+    help_text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    entry = f"{flag} {flag[2:].upper().replace('-', '_')} "  # its entry in the options list
+    assert f"({bound})" in help_text.rsplit(entry, 1)[1].split(" --", 1)[0]
+
+
+def test_registry_choices_are_listed_in_help_and_checked_after_plugins_load(base, capsys):
+    with pytest.raises(SystemExit):
+        parse_config(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "(registered: cispo, dcpo, grpo, gspo, ppo, reinforce_plus_plus" in help_text
+    with pytest.raises(ConfigError, match="--kl-loss-type: unknown value 'kl'; valid: k1, k2, k3, low_var_kl"):
+        parse_config(base + ["--kl-loss-type", "kl"])

@@ -113,7 +113,7 @@ def test_remote_rm_hanging_server_fails_soft_within_the_deadline(server):
     t0 = time.monotonic()
     Grader(cfg(rm_url=s.url, rm_deadline=1.0, rm_retries=1, reward_failure_value=-1.0)).grade_sync(group)
     elapsed = time.monotonic() - t0
-    assert elapsed < 3.0, elapsed
+    assert elapsed < 8.0, elapsed  # 2 attempts within the 1 s deadline, not the server's 20 s
     assert [g.reward for g in group] == [-1.0, -1.0, -1.0]
     assert all("no usable reply after 2 attempts" in g.metadata["reward_error"] for g in group)
 
@@ -194,7 +194,7 @@ def test_judge_hanging_and_dead_servers(server):
     s = server(hang)
     t0 = time.monotonic()
     out = grade("judge", "r", "g", config=judge_cfg(s.url, rm_deadline=0.8, rm_retries=1))
-    assert time.monotonic() - t0 < 3 and out.score == 0.0 and "no usable reply" in out.error
+    assert time.monotonic() - t0 < 8 and out.score == 0.0 and "no usable reply" in out.error  # not 20 s
     dead = server(judge_reply)
     dead.kill()
     out = grade("judge", "r", "g", config=judge_cfg(dead.url, rm_deadline=1.0))

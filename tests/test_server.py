@@ -157,16 +157,27 @@ def test_update_weights_from_disk_changes_the_next_samples(server, local, tiny_q
     assert restored["output_ids"] == before["output_ids"]
 
 
+def _load(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/get_load", timeout=5) as r:
+        [load] = json.loads(r.read())
+    return load
+
+
 def test_abort_request_returns_the_tokens_so_far(server, local):
     tok, _ = local
     prompt = tok("1+1=", add_special_tokens=False)["input_ids"]
     box = {}
-    # 4 x 4000 tokens take far longer than the 1 s before the abort, even on a quiet machine
+    # 4 x 4000 tokens take far longer than the few decode steps before the abort
     payload = {"input_ids": [prompt] * 4, "return_logprob": True,
                "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}}
     t = threading.Thread(target=lambda: box.setdefault("r", post(server, "/generate", payload)))
     t.start()
-    time.sleep(1.0)
+    # Abort once the four rows are decoding (not after a fixed sleep, which a loaded machine can outrun).
+    start = _load(server)["decode_steps"]
+    deadline = time.monotonic() + 60
+    while not (_load(server)["num_reqs"] == 4 and _load(server)["decode_steps"] >= start + 5):
+        assert time.monotonic() < deadline, f"the request never started decoding: {_load(server)}"
+        time.sleep(0.01)
     code, _ = post(server, "/abort_request", {"abort_all": True})
     t.join(60)
     assert code == 200 and box["r"][0] == 200

@@ -5,9 +5,13 @@ corrections (TIS, ICE-POP, OPSM, score centering) and loss aggregation. No state
 algorithm code receives ``cfg.algo`` (an ``AlgoConfig``) and tensors. See docs/algorithms.md.
 """
 
+from rlvr.algo.actor_loss import actor_loss
 from rlvr.algo.advantages import (
     ADVANTAGES,
     AdvantageInputs,
+    Estimator,
+    estimator_of,
+    register_estimator,
     discounted_returns,
     gae,
     group_normalize,
@@ -26,6 +30,8 @@ from rlvr.algo.corrections import (
 from rlvr.algo.kl import KL, compute_approx_kl
 from rlvr.algo.policy_loss import (
     POLICY_LOSSES,
+    PolicyLoss,
+    register_policy_loss,
     compute_cispo_loss,
     compute_policy_loss,
     compute_value_loss,
@@ -39,6 +45,9 @@ __all__ = [
     "TIS_MODES",
     "AdvantageInputs",
     "AlgoConfig",
+    "Estimator",
+    "PolicyLoss",
+    "actor_loss",
     "aggregate_loss",
     "apply_corrections",
     "compute_approx_kl",
@@ -46,6 +55,7 @@ __all__ = [
     "compute_policy_loss",
     "compute_value_loss",
     "discounted_returns",
+    "estimator_of",
     "gae",
     "global_denominator",
     "group_normalize",
@@ -55,6 +65,8 @@ __all__ = [
     "masked_whiten",
     "opsm_mask",
     "policy_loss_name",
+    "register_estimator",
+    "register_policy_loss",
     "score_centering_loss",
     "tis_weights",
 ]

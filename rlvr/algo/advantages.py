@@ -1,7 +1,9 @@
 """Advantage estimators: per-sample rewards (+ optional KL, values) -> per-token advantages.
 
-Contract: every entry of ``ADVANTAGES`` is ``fn(inp: AdvantageInputs, cfg: AlgoConfig) ->
-(advantages [B, T], returns [B, T])``, float32, zero outside the loss mask for the critic-free
+Contract: every entry of ``ADVANTAGES`` is an ``Estimator`` record, registered with
+``register_estimator(name, traits...)``: a function ``fn(inp: AdvantageInputs, cfg: AlgoConfig) ->
+(advantages [B, T], returns [B, T])`` plus the traits other layers read (group-relative, needs a
+critic, its default policy loss, the side inputs it needs), float32, zero outside the loss mask for the critic-free
 estimators. Rows are right-padded; samples of one prompt are consecutive (``n_samples_per_prompt``
 of them). ``--normalize-advantages`` is *not* applied here: the trainer applies ``masked_whiten``
 after the estimator (slime ``compute_advantages_and_returns``), except for REINFORCE++ whose
@@ -49,7 +51,63 @@ class AdvantageInputs:
 
 
 AdvantageFn = Callable[[AdvantageInputs, "AlgoConfig"], "tuple[Tensor, Tensor]"]
-ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator", flag="--advantage-estimator")
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """A registered advantage estimator: its function and the traits the rest of rlvr reads
+    (config validation, the trainer, the policy-loss default), so that nothing compares names.
+    Called like its function: ``ADVANTAGES["grpo"](inputs, cfg)``."""
+
+    fn: AdvantageFn
+    group_relative: bool = False  # compares the samples of one prompt: needs --n-samples-per-prompt >= 2
+    needs_critic: bool = False  # reads critic values: a value model is trained beside the policy
+    policy_loss: str = "ppo"  # the POLICY_LOSSES entry used when --pg-loss-type is not given
+    side_inputs: tuple[str, ...] = ()  # train_metadata keys it reads, written by a reward post-process
+    side_inputs_hint: str = ""  # what to add to the command line so that they are there
+
+    def __call__(self, inp: AdvantageInputs, cfg: AlgoConfig) -> tuple[Tensor, Tensor]:
+        return self.fn(inp, cfg)
+
+
+ADVANTAGES: Registry[Estimator] = Registry("advantage estimator", flag="--advantage-estimator")
+
+
+def register_estimator(name: str, *, group_relative: bool = False, needs_critic: bool = False,
+                       policy_loss: str = "ppo", side_inputs: tuple[str, ...] = (), side_inputs_hint: str = ""):
+    """Decorator: register ``fn(inputs, cfg) -> (advantages, returns)`` as estimator ``name`` with
+    its traits; returns ``fn`` unchanged, so one function can be registered under several names.
+    User code calls it too (then ``--advantage-estimator name``, or name the function with
+    ``--custom-advantage-function-path`` so that other processes import it); docs/algorithms.md."""
+
+    def deco(fn: AdvantageFn) -> AdvantageFn:
+        ADVANTAGES.register(name)(Estimator(fn, group_relative, needs_critic, policy_loss, tuple(side_inputs),
+                                            side_inputs_hint))
+        return fn
+
+    return deco
+
+
+def load_custom_estimator(path: str) -> str:
+    """Import ``--custom-advantage-function-path`` (``pkg.module:fn``) and return its estimator's
+    name: the name ``fn`` was registered under by ``register_estimator`` in its module, or else
+    ``path`` itself, registered now with the default traits (critic-free, not group-relative, the
+    PPO loss). Idempotent, so every process that reads the config may call it."""
+    from rlvr.registry import load_function
+
+    fn = load_function(path, "--custom-advantage-function-path")
+    for name in ADVANTAGES.names():
+        if ADVANTAGES[name].fn is fn or name == path:
+            return name
+    register_estimator(path)(fn)
+    return path
+
+
+def estimator_of(cfg: AlgoConfig) -> Estimator:
+    """The estimator a config names (after importing ``--custom-advantage-function-path``)."""
+    if cfg.custom_advantage_function_path is not None:
+        cfg.advantage_estimator = load_custom_estimator(cfg.custom_advantage_function_path)
+    return ADVANTAGES[cfg.advantage_estimator]
 
 
 # ---------------------------------------------------------------------------- pure building blocks
@@ -164,9 +222,9 @@ def _grpo_scalar(rewards: Tensor, n: int, cfg: AlgoConfig) -> Tensor:
     return group_normalize(rewards, n, std_normalize=not cfg.disable_grpo_std_normalization)
 
 
-@ADVANTAGES.register("grpo")
-@ADVANTAGES.register("gspo")
-@ADVANTAGES.register("cispo")
+@register_estimator("grpo", group_relative=True)
+@register_estimator("gspo", group_relative=True, policy_loss="gspo")
+@register_estimator("cispo", group_relative=True, policy_loss="cispo")
 def grpo_advantages(inp: AdvantageInputs, cfg: AlgoConfig) -> tuple[Tensor, Tensor]:
     """GRPO outcome advantage: the group-normalised reward on every response token; returns = A.
 
@@ -176,7 +234,7 @@ def grpo_advantages(inp: AdvantageInputs, cfg: AlgoConfig) -> tuple[Tensor, Tens
     return adv, adv.clone()
 
 
-@ADVANTAGES.register("rloo")
+@register_estimator("rloo", group_relative=True)
 def rloo_advantages(inp: AdvantageInputs, cfg: AlgoConfig) -> tuple[Tensor, Tensor]:
     """RLOO (Ahmadian et al. 2024): leave-one-out baseline, broadcast; ``-kl_coef * kl`` per token.
 
@@ -187,7 +245,7 @@ def rloo_advantages(inp: AdvantageInputs, cfg: AlgoConfig) -> tuple[Tensor, Tens
     return adv, adv.clone()
 
 
-@ADVANTAGES.register("reinforce_plus_plus")
+@register_estimator("reinforce_plus_plus")
 def reinforce_pp_advantages(inp: AdvantageInputs, cfg: AlgoConfig) -> tuple[Tensor, Tensor]:
     """REINFORCE++ (Hu 2025, arXiv:2501.03262): token rewards ``-kl_coef * kl`` plus the reward on the
     last response token, discounted returns with ``--gamma``, then batch whitening over masked tokens.
@@ -201,7 +259,7 @@ def reinforce_pp_advantages(inp: AdvantageInputs, cfg: AlgoConfig) -> tuple[Tens
     return masked_whiten(returns, mask) * mask, returns
 
 
-@ADVANTAGES.register("reinforce_plus_plus_baseline")
+@register_estimator("reinforce_plus_plus_baseline", group_relative=True)
 def reinforce_pp_baseline_advantages(inp: AdvantageInputs, cfg: AlgoConfig) -> tuple[Tensor, Tensor]:
     """REINFORCE++-baseline (Hu 2025): ``r_i - mean_group`` (unless ``--disable-rewards-normalization``)
     broadcast, minus ``kl_coef * kl`` per token, then batch whitening over masked tokens.
@@ -214,7 +272,7 @@ def reinforce_pp_baseline_advantages(inp: AdvantageInputs, cfg: AlgoConfig) -> t
     return masked_whiten(raw, mask) * mask, raw
 
 
-@ADVANTAGES.register("ppo")
+@register_estimator("ppo", needs_critic=True)
 def ppo_advantages(inp: AdvantageInputs, cfg: AlgoConfig) -> tuple[Tensor, Tensor]:
     """PPO (Schulman et al. 2017) with GAE: token rewards ``-kl_coef * kl``, the reward added on the
     last response token (seed 000 §2.5), then ``gae`` with the critic's values.
@@ -234,7 +292,10 @@ DCPO_CONFIDENCE = "dcpo_confidence"  # [B] stated confidence in [0, 1] (0 when n
 DCPO_CONFIDENCE_MASK = "dcpo_confidence_mask"  # [B, T] 1 on the confidence-span tokens
 
 
-@ADVANTAGES.register("dcpo")
+@register_estimator(
+    "dcpo", group_relative=True, side_inputs=(DCPO_CONFIDENCE, DCPO_CONFIDENCE_MASK),
+    side_inputs_hint="add --rm-type math_confidence --custom-reward-post-process-path dcpo (per-sample confidences)",
+)
 def dcpo_advantages(inp: AdvantageInputs, cfg: AlgoConfig) -> tuple[Tensor, Tensor]:
     """DCPO (Decoupled Calibration Policy Optimization, arXiv:2603.09117; seed 000 §3.2).
 

@@ -112,7 +112,7 @@ def apply_corrections(
     ``opsm_clipfrac`` (with ``--use-opsm``), ``tis``, ``tis_clipfrac``, ``tis_abs`` (with ``--use-tis``).
     The TIS numerator is p0, except for the REINFORCE loss whose numerator is sg(p_theta) (seed 002).
     """
-    from rlvr.algo.policy_loss import policy_loss_name  # local: policy_loss imports nothing from here
+    from rlvr.algo.policy_loss import POLICY_LOSSES, policy_loss_name  # local: policy_loss imports nothing from here
 
     metrics: Metrics = {}
     if cfg.use_opsm:
@@ -122,7 +122,8 @@ def apply_corrections(
         return pg_loss, metrics
     if rollout_log_probs is None:
         raise ValueError("--use-tis needs the engine's rollout log-probs (q) for every sample")
-    numerator = log_probs.detach() if policy_loss_name(cfg) == "reinforce" else old_log_probs
+    current = POLICY_LOSSES[policy_loss_name(cfg)].tis_numerator == "current"
+    numerator = log_probs.detach() if current else old_log_probs
     rho = torch.exp(numerator.detach() - rollout_log_probs)
     metrics["tis"], metrics["tis_abs"] = rho, (rho - 1.0).abs()
     if cfg.custom_tis_function_path is not None:

@@ -12,11 +12,13 @@ policy before this update; seed 002) does not. Nothing here masks: the aggregati
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import Tensor
 
+from rlvr.algo.advantages import estimator_of
 from rlvr.registry import Registry
 
 if TYPE_CHECKING:
@@ -24,7 +26,35 @@ if TYPE_CHECKING:
 
 Metrics = dict[str, Tensor]
 PolicyLossFn = Callable[[Tensor, Tensor, Tensor, Tensor, "AlgoConfig"], "tuple[Tensor, Metrics]"]
-POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss", flag="--pg-loss-type")
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """A registered policy loss and the trait the train-inference corrections read. Called like
+    its function: ``POLICY_LOSSES["ppo"](log_probs, old_log_probs, advantages, loss_mask, cfg)``."""
+
+    fn: PolicyLossFn
+    # TIS weight numerator (seed 002): p0 for ratio-based losses; sg(p_theta) for a loss without
+    # an importance ratio (REINFORCE), whose gradient is taken at p_theta itself.
+    tis_numerator: str = "old"  # "old" (p0) or "current" (sg(p_theta))
+
+    def __call__(self, log_probs, old_log_probs, advantages, loss_mask, cfg) -> tuple[Tensor, Metrics]:
+        return self.fn(log_probs, old_log_probs, advantages, loss_mask, cfg)
+
+
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", flag="--pg-loss-type")
+
+
+def register_policy_loss(name: str, *, tis_numerator: str = "old"):
+    """Decorator: register a policy loss function under ``name`` with its traits; returns it unchanged."""
+    if tis_numerator not in ("old", "current"):
+        raise ValueError(f"tis_numerator must be 'old' or 'current', got {tis_numerator!r}")
+
+    def deco(fn: PolicyLossFn) -> PolicyLossFn:
+        POLICY_LOSSES.register(name)(PolicyLoss(fn, tis_numerator))
+        return fn
+
+    return deco
 
 
 # ------------------------------------------------------------------------------------ pure maths
@@ -116,7 +146,7 @@ def compute_value_loss(
 # ------------------------------------------------------------------------- registered, uniform API
 
 
-@POLICY_LOSSES.register("ppo")
+@register_policy_loss("ppo")
 def ppo_loss(log_probs, old_log_probs, advantages, loss_mask, cfg) -> tuple[Tensor, Metrics]:
     """Token-level clipped PPO (GRPO, DAPO, REINFORCE++, PPO, DCPO all use it in slime)."""
     ppo_kl = old_log_probs - log_probs
@@ -125,7 +155,7 @@ def ppo_loss(log_probs, old_log_probs, advantages, loss_mask, cfg) -> tuple[Tens
     return loss, {"pg_clipfrac": clipfrac, "ppo_kl": ppo_kl.detach()}
 
 
-@POLICY_LOSSES.register("gspo")
+@register_policy_loss("gspo")
 def gspo_loss(log_probs, old_log_probs, advantages, loss_mask, cfg) -> tuple[Tensor, Metrics]:
     """GSPO: PPO clipping applied to the sequence-level ratio (GSPO-token form, see above)."""
     ppo_kl = -gspo_token_log_ratio(log_probs, old_log_probs, loss_mask)
@@ -134,7 +164,7 @@ def gspo_loss(log_probs, old_log_probs, advantages, loss_mask, cfg) -> tuple[Ten
     return loss, {"pg_clipfrac": clipfrac, "ppo_kl": ppo_kl.detach()}
 
 
-@POLICY_LOSSES.register("cispo")
+@register_policy_loss("cispo")
 def cispo_loss(log_probs, old_log_probs, advantages, loss_mask, cfg) -> tuple[Tensor, Metrics]:
     """CISPO with the configured clip range."""
     ppo_kl = old_log_probs - log_probs
@@ -143,7 +173,7 @@ def cispo_loss(log_probs, old_log_probs, advantages, loss_mask, cfg) -> tuple[Te
     return loss, {"pg_clipfrac": clipfrac, "ppo_kl": ppo_kl.detach()}
 
 
-@POLICY_LOSSES.register("reinforce")
+@register_policy_loss("reinforce", tis_numerator="current")
 def reinforce_loss(log_probs, old_log_probs, advantages, loss_mask, cfg) -> tuple[Tensor, Metrics]:
     """Plain REINFORCE (Williams 1992): ``-A * log p_theta``, no ratio, no clipping.
 
@@ -153,14 +183,10 @@ def reinforce_loss(log_probs, old_log_probs, advantages, loss_mask, cfg) -> tupl
     return -advantages * log_probs, {"pg_clipfrac": torch.zeros_like(ppo_kl), "ppo_kl": ppo_kl}
 
 
-# Which loss an estimator implies when --pg-loss-type is not given: slime's policy_loss_function
-# branches on the estimator: gspo -> sequence ratio, cispo -> CISPO, everything else (grpo, ppo,
-# reinforce_plus_plus*, and DCPO per seed 000 §3.2.4) -> the clipped PPO loss.
-_ESTIMATOR_LOSS = {"gspo": "gspo", "cispo": "cispo"}
-
-
 def policy_loss_name(cfg: AlgoConfig) -> str:
-    """The ``POLICY_LOSSES`` name for this config: ``--pg-loss-type`` if set, else by estimator."""
+    """The ``POLICY_LOSSES`` name for this config: ``--pg-loss-type`` if set, else the estimator's
+    own (its ``policy_loss`` trait: slime's policy_loss_function picks gspo's sequence ratio for
+    gspo, CISPO for cispo, and the clipped PPO loss for everything else, DCPO included)."""
     if cfg.pg_loss_type is not None:
         return cfg.pg_loss_type
-    return _ESTIMATOR_LOSS.get(cfg.advantage_estimator, "ppo")
+    return estimator_of(cfg).policy_loss

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlvr.errors import ConfigError
-from rlvr.fields import flag_of
+from rlvr.fields import check_bounds, flag_of
 from rlvr.fields import option as _f
 
 
@@ -27,11 +27,11 @@ class ClusterConfig:
 
     ray: bool = _f(False, "run the loop on Ray: training ranks and rollout engines as actors (default: one local process)")
     ray_address: str | None = _f(None, "join this existing Ray cluster (e.g. auto or host:6379); default start a local one")
-    actor_num_nodes: int = _f(1, "nodes of the training group")
-    actor_num_gpus_per_node: int = _f(0, "training ranks (one GPU each) per node; 0 = CPU ranks")
-    actor_num_cpu_workers_per_node: int = _f(1, "training ranks per node when no GPUs are used (one CPU bundle each)")
-    rollout_num_gpus: int = _f(0, "GPUs of all rollout engines together; 0 = CPU engines (--rollout-num-engines)")
-    rollout_num_gpus_per_engine: int = _f(1, "GPUs per rollout engine")
+    actor_num_nodes: int = _f(1, "nodes of the training group", ge=1)
+    actor_num_gpus_per_node: int = _f(0, "training ranks (one GPU each) per node; 0 = CPU ranks", ge=0)
+    actor_num_cpu_workers_per_node: int = _f(1, "training ranks per node when no GPUs are used (one CPU bundle each)", ge=1)
+    rollout_num_gpus: int = _f(0, "GPUs of all rollout engines together; 0 = CPU engines (--rollout-num-engines)", ge=0)
+    rollout_num_gpus_per_engine: int = _f(1, "GPUs per rollout engine", ge=1)
     colocate: bool = _f(False, "engines time-share the training ranks' bundles (sleep while training)")
     train_backend: str = _f("ddp", "data parallelism of the training group", ["ddp", "fsdp"])
     check_weight_update_equal: bool = _f(False, "after each weight sync, compare every engine's weight checksum with the trainer's")
@@ -53,12 +53,7 @@ class ClusterConfig:
         return rollout_num_engines
 
     def validate(self) -> None:
-        for name in ("actor_num_nodes", "actor_num_cpu_workers_per_node", "rollout_num_gpus_per_engine"):
-            if getattr(self, name) < 1:
-                raise ConfigError(flag_of(name), f"must be >= 1, got {getattr(self, name)}")
-        for name in ("actor_num_gpus_per_node", "rollout_num_gpus"):
-            if getattr(self, name) < 0:
-                raise ConfigError(flag_of(name), f"must be >= 0, got {getattr(self, name)}")
+        check_bounds(self)  # the ranges and choices declared on the fields
         if not self.ray:
             placed = [n for n in ("ray_address", "colocate", "check_weight_update_equal") if getattr(self, n)]
             placed += [n for n in ("actor_num_nodes", "actor_num_cpu_workers_per_node") if getattr(self, n) != 1]

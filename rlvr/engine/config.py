@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlvr.errors import ConfigError
+from rlvr.fields import check_bounds
 from rlvr.fields import option as _f
 
 
@@ -39,7 +40,7 @@ class EngineConfig:
     rollout_max_engine_restarts: int = _f(3, "--use-fault-tolerance: an engine restarted this many times is removed (the run goes on with the others)", ge=0)
 
     def validate(self) -> None:
-        """What the declared bounds cannot say (``rlvr.fields.check_bounds`` checks those)."""
+        check_bounds(self)  # the ranges declared on the fields
         for addr in self.rollout_external_engine_addrs:
             host, sep, port = addr.rpartition(":")
             if not (sep and host and port.isdigit()):

@@ -177,6 +177,13 @@ class EmbeddedEngine:
                 self._abort_rids.add(rid)
             self._cv.notify_all()
 
+    def load(self) -> dict[str, int]:
+        """What the engine is doing now (SGLang's ``/get_load`` fields, plus decode steps so far)."""
+        with self._cv:
+            waiting = sum(len(g.rows) for g in self._pending)
+            running = len(self._rows)
+        return {"num_reqs": running + waiting, "num_waiting_reqs": waiting, "decode_steps": self.steps}
+
     def health(self) -> bool:
         worker_ok = self._worker is None or self._worker.is_alive()
         return worker_ok and not self._closed and self._asleep is None

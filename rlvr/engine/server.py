@@ -106,6 +106,7 @@ class Server:
             web.post("/update_weights_from_disk", self.update_weights_from_disk),
             web.post("/abort_request", self.abort_request),
             web.get("/health", self.health),
+            web.get("/get_load", self.get_load),
             web.get("/health_generate", self.health),
             web.post("/flush_cache", self.flush_cache),
             web.get("/flush_cache", self.flush_cache),
@@ -208,6 +209,10 @@ class Server:
     async def health(self, request: web.Request) -> web.Response:
         ok = self.engine.health()
         return web.Response(status=200 if ok else 503, text="ok" if ok else "unhealthy")
+
+    async def get_load(self, request: web.Request) -> web.Response:
+        """SGLang's load report (one data-parallel rank): requests running and waiting."""
+        return web.json_response([{"dp_rank": 0, **self.engine.load()}])
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         return web.Response(text="the engine keeps no prefix cache across requests; nothing to flush")

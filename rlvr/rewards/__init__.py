@@ -5,6 +5,9 @@ An entry of ``REWARDS`` is a function (sync or ``async``) or, for rewards that n
 are such callables. Training and evaluation call the same function, through the ``Grader``
 (``rlvr.rewards.grader``), which contains every failure.
 
+Importing this package is cheap: the built-ins (and math-verify, aiohttp behind them) are
+imported the first time ``REWARDS`` is read (``rlvr.rewards.registry``).
+
 ``score`` grades one response without a rollout, for docs, tests and notebooks; ``grade`` does
 the same and returns the detailed ``Outcome`` (score, extra fields, failure reason).
 """
@@ -15,22 +18,12 @@ import dataclasses
 import functools
 from typing import Any, Callable
 
-from rlvr.registry import Registry
 from rlvr.rewards.config import RewardConfig
+from rlvr.rewards.grader import Grader, Outcome, outcome_of
+from rlvr.rewards.registry import REWARDS
 from rlvr.types import Sample
 
 RewardFn = Callable[[Sample], "float | dict"]
-REWARDS: Registry[Any] = Registry("reward", flag="--rm-type")
-
-# Built-ins register themselves on import.
-from rlvr.rewards import code as _code  # noqa: E402,F401
-from rlvr.rewards import confidence as _confidence  # noqa: E402,F401
-from rlvr.rewards import dapo as _dapo  # noqa: E402,F401
-from rlvr.rewards import deepscaler as _deepscaler  # noqa: E402,F401
-from rlvr.rewards import math as _math  # noqa: E402,F401
-from rlvr.rewards import qa as _qa  # noqa: E402,F401
-from rlvr.rewards import remote as _remote  # noqa: E402,F401
-from rlvr.rewards.grader import Grader, Outcome, outcome_of  # noqa: E402
 
 
 @functools.lru_cache(maxsize=32)

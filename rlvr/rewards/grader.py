@@ -57,7 +57,7 @@ def parse_rm_type(text: str) -> dict[str, float]:
     ...
     rlvr.errors.ConfigError: --rm-type: unknown reward 'nope'; valid: ...
     """
-    from rlvr.rewards import REWARDS
+    from rlvr.rewards.registry import REWARDS
 
     parts: dict[str, float] = {}
     for item in (p.strip() for p in text.split(",")):
@@ -78,7 +78,7 @@ def parse_rm_type(text: str) -> dict[str, float]:
 
 def build_reward(name: str, cfg: RewardConfig) -> Callable:
     """The registered reward ``name``, instantiated with ``cfg`` when it is a class."""
-    from rlvr.rewards import REWARDS
+    from rlvr.rewards.registry import REWARDS
 
     entry = REWARDS[name]
     return entry(cfg) if isinstance(entry, type) else entry
