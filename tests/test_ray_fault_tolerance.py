@@ -52,11 +52,11 @@ def ft_args(ckpt, train, out, *extra: str) -> list[str]:
 
 def ray_engine_probe(monkeypatch):
     """(pids, in_flight) of the engines of the ``RayRollout`` the run builds (``test_fault_tolerance.killer``'s
-    arguments). An engine has requests in flight when its decode steps grew since the last look
-    (asked of the engine actor itself: the rollout manager answers nothing while it samples)."""
+    arguments). Requests in flight are asked of the engine actor itself (``load``): the rollout
+    manager answers nothing while it samples."""
     from rlvr.distributed import rollout_manager
 
-    built, actors, steps = [], {}, {}
+    built, actors = [], {}
     real_setup = rollout_manager.RayRollout.setup
 
     def setup(self):
@@ -73,9 +73,7 @@ def ray_engine_probe(monkeypatch):
         return [p for p in actors if p is not None]
 
     def in_flight(pid: int) -> bool:
-        now = ray.get(actors[pid].decode_steps.remote())
-        before, steps[pid] = steps.get(pid, now), now
-        return now > before
+        return ray.get(actors[pid].load.remote())["num_reqs"] > 0
 
     def all_up() -> bool:
         return None not in built[0].engine_pids()
@@ -153,13 +151,13 @@ def test_hung_engine_is_detected_within_the_timeout_and_replaced(ray_cluster, ti
     with build(cfg) as c:
         c.rollout.update_weights(c.trainer.weights(), version=3)  # the replacement must get these
         [hung], [actor] = c.rollout.engine_pids(), c.rollout.engine_actors()
-        steps = ray.get(actor.decode_steps.remote())
         box: dict = {}
         work = threading.Thread(target=lambda: box.setdefault("batch", c.rollout.generate(0)))
         work.start()
-        # the engine decodes the rollout: its 4 groups of 2 x up to 256 tokens take far longer than
+        # the rollout's groups reach the engine: 4 groups of 2 x up to 256 tokens take far longer than
         # this wait's 5 ms polls, so the stop lands while they sample (a fixed sleep raced the rollout)
-        wait_until(lambda: ray.get(actor.decode_steps.remote()) > steps, "the engine decodes the rollout", poll=0.005)
+        wait_until(lambda: ray.get(actor.load.remote())["num_reqs"] > 0, "the engine has the rollout's requests",
+                   poll=0.005)
         os.kill(hung, signal.SIGSTOP)
         t_stop = time.time()
         work.join(120)

@@ -81,9 +81,9 @@ class EngineActor:
         """This actor's process id (fault-tolerance logs and tests)."""
         return os.getpid()
 
-    def decode_steps(self) -> int:
-        """Decode steps run so far: it grows while the engine samples (tests wait on it)."""
-        return self.engine.steps
+    def load(self) -> dict[str, int]:
+        """Requests in the engine now and decode steps so far (``EmbeddedEngine.load``; tests wait on it)."""
+        return self.engine.load()
 
     def set_rng_state(self, state: torch.Tensor) -> None:
         self.engine.set_rng_state(state)
