@@ -100,7 +100,7 @@ def random_reward(sample: Sample) -> float:
 
 
 def _register() -> None:
-    from rlvr.rewards import REWARDS
+    from rlvr.rewards.registry import REWARDS
 
     for base in BOXED_BASES:
         if base in REWARDS:
