@@ -1,10 +1,11 @@
 """How many responses per second a reward grades on one CPU core (acceptance: math >= 500/s).
 
-The responses are realistic and all distinct: every case of tests/data/math_cases.jsonl (boxed
-LaTeX, fractions, intervals, matrices, units, multiple choice, malformed and pathological ones)
-plus generated arithmetic rollouts, 8 samples per prompt as GRPO draws them, in the formats a
-model writes (boxed, "The answer is", "Answer:", a bare number, a worked line, a fraction, wrong
-answers nearby). Torch is not involved; the process is pinned to one core when the OS allows it.
+The responses are realistic and all distinct: every case of tests/data/math_cases*.jsonl (boxed
+LaTeX, fractions, intervals, matrices, units, multiple choice, malformed and pathological ones;
+reasoning-model thinking blocks, GSM8K ``####`` answers, hedges, truncated reasoning) plus
+generated arithmetic rollouts, 8 samples per prompt as GRPO draws them, in the formats a model
+writes (boxed, "The answer is", "Answer:", a bare number, a worked line, a fraction, wrong answers
+nearby). Torch is not involved; the process is pinned to one core when the OS allows it.
 Grading goes through ``rlvr.rewards.Grader`` group by group, exactly as the rollout calls it.
 The first WARMUP responses (imports, regex compilation) are graded before the clock starts.
 ``responses_per_s`` is wall-clock; ``responses_per_cpu_s`` divides by the process's CPU time,
@@ -26,7 +27,7 @@ import random
 import time
 from pathlib import Path
 
-CASES = Path(__file__).resolve().parent.parent / "tests" / "data" / "math_cases.jsonl"
+CASES = sorted((Path(__file__).resolve().parent.parent / "tests" / "data").glob("math_cases*.jsonl"))
 WARMUP = 20
 SAMPLES_PER_PROMPT = 8
 
@@ -57,7 +58,7 @@ def _arith_group(rng: random.Random) -> list[tuple[str, str]]:
 
 def build_responses(n: int, seed: int) -> list[tuple[str, str]]:
     rng = random.Random(seed)
-    rows = [(c["response"], c["label"]) for c in map(json.loads, CASES.read_text().splitlines())]
+    rows = [(c["response"], c["label"]) for path in CASES for c in map(json.loads, path.read_text().splitlines())]
     seen = set(rows)
     while len(rows) < n:
         for row in _arith_group(rng):

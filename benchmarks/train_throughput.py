@@ -9,7 +9,8 @@ without prompt sharing, or right-padded to their longest sample (the first train
 HF-style trainers do). Tokens/s counts every sample's prompt + response tokens (a shared prompt
 counts once per sample), the same count for every layout.
 
-The two layouts alternate (packed, padded, packed, ...) in one process, with the thread count
+Each layout has its own trainer (``Trainer(layout=...)``, the same initial weights); the layouts
+alternate (packed, padded, packed, ...) in one process, with the thread count
 fixed (default 1: on a shared machine one thread per process avoids OpenMP barrier stalls; use
 ``--threads 2`` on a quiet one), and the median of the rounds is reported; the first step of each
 is a warm-up.
@@ -35,7 +36,7 @@ from common import model_dir, rl_samples, set_threads  # noqa: E402
 
 from rlvr.algo import AlgoConfig  # noqa: E402
 from rlvr.config import TrainConfig  # noqa: E402
-from rlvr.train.packing import pad  # noqa: E402
+from rlvr.train.packing import Layout, pad  # noqa: E402
 from rlvr.train.trainer import Trainer  # noqa: E402
 
 
@@ -61,21 +62,21 @@ def main() -> None:
         ckpt = model_dir(name, root)
         cfg = TrainConfig(hf_checkpoint=str(ckpt), lr=1e-5, use_dynamic_batch_size=True,
                           max_tokens_per_gpu=args.max_tokens_per_gpu, use_rollout_logprobs=True)
-        trainer = Trainer(cfg, AlgoConfig(), n_samples_per_prompt=args.per_prompt)
-        n_params = sum(p.numel() for p in trainer.model.parameters())
-        bins = trainer._micro_batches(samples, list(range(len(samples))))
+        layouts = {"packed": Layout(), "padded": Layout(packed=False),
+                   "packed_no_prompt_sharing": Layout(share_prompts=False)}
+        trainers = {k: Trainer(cfg, AlgoConfig(), n_samples_per_prompt=args.per_prompt, layout=v)
+                    for k, v in layouts.items()}
+        n_params = sum(p.numel() for p in trainers["packed"].model.parameters())
+        bins = trainers["packed"]._micro_batches(samples, list(range(len(samples))))
         slots = sum(pad([samples[i] for i in b]).slots for b in bins)
         print(f"\n[{name}] {n_params / 1e6:.1f}M parameters; {len(bins)} micro-batches; padded layout computes "
               f"{slots} positions for {sum(lengths)} tokens ({slots / sum(lengths):.2f}x)")
-        layouts = ("packed", "padded", "packed_no_prompt_sharing")
         speeds: dict[str, list[float]] = {k: [] for k in layouts}
         cpu_speeds: dict[str, list[float]] = {k: [] for k in layouts}
         for r in range(args.rounds + 1):  # round 0 warms up every layout
             for layout in layouts:
-                trainer.packed = layout != "padded"
-                trainer.share_prompts = layout == "packed"
                 c0 = time.process_time()
-                m = trainer.train(r, samples)
+                m = trainers[layout].train(r, samples)
                 cpu_tok_s = sum(lengths) / (time.process_time() - c0)
                 if r:
                     speeds[layout].append(m["perf/train_tokens_per_s"])

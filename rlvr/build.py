@@ -101,16 +101,15 @@ def build_engine(cfg: Config, model, tokenizer):
     ``--rollout-external-engine-addrs`` servers (started on the same checkpoint: version 0), or
     supervised server processes of ``--hf-checkpoint`` (``--rollout-num-engines`` > 1 or
     ``--use-fault-tolerance``; the trainer starts from that checkpoint too: version 0)."""
-    r = cfg.rollout
+    r = cfg.engine
     if r.uses_engine_processes:  # supervised `rlvr serve` processes (restarted with --use-fault-tolerance)
+        from rlvr.engine.processes import ServeProcesses
         from rlvr.engine.supervisor import EngineSupervisor
 
         checkpoint = model if isinstance(model, (str, Path)) else cfg.train.hf_checkpoint
-        return EngineSupervisor(
-            str(checkpoint), r.rollout_num_engines, fault_tolerance=r.use_fault_tolerance,
-            health_check_interval=r.rollout_health_check_interval, health_check_timeout=r.rollout_health_check_timeout,
-            max_restarts=r.rollout_max_engine_restarts, seed=cfg.train.seed,
-            max_running_requests=r.rollout_max_running_requests, log_dir=Path(cfg.run.output_dir) / "engines")
+        processes = ServeProcesses(checkpoint, seed=cfg.train.seed, max_running_requests=r.rollout_max_running_requests,
+                                   log_dir=Path(cfg.run.output_dir) / "engines")
+        return EngineSupervisor(processes, r)
     if r.rollout_external_engine_addrs:
         from rlvr.engine.client import HttpEngine
 

@@ -28,6 +28,7 @@ from rlvr.algo.advantages import estimator_of
 from rlvr.agents.config import AgentConfig
 from rlvr.algo.config import AlgoConfig
 from rlvr.distributed.config import ClusterConfig
+from rlvr.engine.config import EngineConfig
 from rlvr.errors import ConfigError
 from rlvr.fields import check_bounds, flag_of, help_of, static_choices
 from rlvr.fields import option as _f
@@ -98,26 +99,10 @@ class RolloutConfig:
     )
     partial_rollout: bool = _f(False, "groups aborted at the end of a rollout go to the data source's buffer and continue next rollout")
     mask_offpolicy_in_partial_rollout: bool = _f(False, "with --partial-rollout: loss mask 0 on tokens an older policy produced")
-    rollout_max_running_requests: int = _f(256, "embedded engine: responses decoded together (batch slots)")
-    rollout_external_engine_addrs: list[str] = _f([], "host:port of SGLang-protocol servers (rlvr serve, SGLang) instead of the embedded engine")
-    rollout_external_engine_timeout: float = _f(600.0, "seconds one request may take on an external engine before it is retried elsewhere")
-    rollout_external_engine_retries: int = _f(2, "retries of a request on another external engine after its server failed")
-    rollout_num_engines: int = _f(
-        1, "rollout engines on CPU (on GPUs: --rollout-num-gpus / --rollout-num-gpus-per-engine); Ray actors under --ray, "
-           "server processes in local mode when > 1 or with --use-fault-tolerance"
-    )
     # ---- fully async rollout and fault tolerance (issue 9) ----
     rollout_concurrency: int | None = _f(
-        None, "--async: prompt groups in flight at once (each --n-samples-per-prompt requests); default --rollout-batch-size"
+        None, "--async: prompt groups in flight at once (each --n-samples-per-prompt requests); default --rollout-batch-size", ge=1
     )
-    use_fault_tolerance: bool = _f(
-        False, "health-check the engine server processes (engine actors under --ray); restart a dead or hung one, push it the weights, re-issue its requests"
-    )
-    rollout_health_check_interval: float = _f(5.0, "--use-fault-tolerance: seconds between two /health probes of an engine")
-    rollout_health_check_timeout: float = _f(
-        10.0, "--use-fault-tolerance: an engine whose /health has not answered within this many seconds is killed and restarted"
-    )
-    rollout_max_engine_restarts: int = _f(3, "--use-fault-tolerance: an engine restarted this many times is removed (the run goes on with the others)")
 
     def validate(self) -> None:
         check_bounds(self)  # the ranges and choices declared on the fields
@@ -144,33 +129,6 @@ class RolloutConfig:
                               f"must be >= --rollout-batch-size {self.rollout_batch_size}, got {self.over_sampling_batch_size}")
         if self.mask_offpolicy_in_partial_rollout and not self.partial_rollout:
             raise ConfigError("--mask-offpolicy-in-partial-rollout", "only acts with --partial-rollout; add it or drop this flag")
-        if self.rollout_max_running_requests < 1:
-            raise ConfigError("--rollout-max-running-requests", f"must be >= 1, got {self.rollout_max_running_requests}")
-        for addr in self.rollout_external_engine_addrs:
-            host, sep, port = addr.rpartition(":")
-            if not (sep and host and port.isdigit()):
-                raise ConfigError("--rollout-external-engine-addrs", f"{addr!r} is not host:port (e.g. 127.0.0.1:30000)")
-        if self.rollout_external_engine_timeout <= 0:
-            raise ConfigError("--rollout-external-engine-timeout", f"must be > 0, got {self.rollout_external_engine_timeout}")
-        if self.rollout_num_engines < 1:
-            raise ConfigError("--rollout-num-engines", f"must be >= 1, got {self.rollout_num_engines}")
-        if self.rollout_external_engine_retries < 0:
-            raise ConfigError("--rollout-external-engine-retries", f"must be >= 0, got {self.rollout_external_engine_retries}")
-        if self.rollout_concurrency is not None and self.rollout_concurrency < 1:
-            raise ConfigError("--rollout-concurrency", f"must be >= 1, got {self.rollout_concurrency}")
-        for name in ("rollout_health_check_interval", "rollout_health_check_timeout"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(flag_of(name), f"must be > 0, got {getattr(self, name)}")
-        if self.rollout_max_engine_restarts < 0:
-            raise ConfigError("--rollout-max-engine-restarts", f"must be >= 0, got {self.rollout_max_engine_restarts}")
-        if self.use_fault_tolerance and self.rollout_external_engine_addrs:
-            raise ConfigError("--use-fault-tolerance", "restarts the engine processes rlvr launches itself; it cannot restart "
-                              "--rollout-external-engine-addrs servers (drop one of the two)")
-
-    @property
-    def uses_engine_processes(self) -> bool:
-        """Local mode launches ``rlvr serve`` processes (instead of the embedded engine)."""
-        return not self.rollout_external_engine_addrs and (self.rollout_num_engines > 1 or self.use_fault_tolerance)
 
 
 @dataclass
@@ -337,6 +295,7 @@ class RunConfig:
 GROUPS: dict[str, type] = {
     "data": DataConfig,
     "rollout": RolloutConfig,
+    "engine": EngineConfig,
     "reward": RewardConfig,
     "algo": AlgoConfig,
     "train": TrainConfig,
@@ -352,6 +311,7 @@ GROUPS: dict[str, type] = {
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -433,7 +393,7 @@ class Config:
             raise ConfigError("--global-batch-size", f"{self.global_batch_size} samples per optimizer step cannot be "
                                                      f"split evenly across {world} training ranks; make it a multiple of {world}")
         refused = [
-            ("--rollout-external-engine-addrs", bool(self.rollout.rollout_external_engine_addrs),
+            ("--rollout-external-engine-addrs", bool(self.engine.rollout_external_engine_addrs),
              "Ray engines are embedded engine actors; use external servers in local mode"),
             ("--advantage-estimator", estimator_of(self.algo).needs_critic,
              f"{self.algo.advantage_estimator}'s critic is not data-parallel yet; use a critic-free estimator "

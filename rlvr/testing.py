@@ -5,17 +5,39 @@ Production code calls these at fixed points; outside tests they do nothing.
 * ``crash_point(name)``: crash tests SIGKILL the process at a named point (``rollout:3``,
   ``save:2``) by setting ``RLVR_TEST_SIGKILL_AT`` in the run's environment, to prove that a
   resumed run logs the same values as one never stopped.
+* ``trainer_seam()``: the trainer's test-only switches (``TrainerSeam``), production defaults
+  unless a test changes them for a block with ``override_trainer(...)``: a hook on every
+  micro-batch loss of the policy (guard tests poison a rollout with NaN), and turning off the
+  on-policy reuse of the training forward as p0 (tests compare it with a separate forward).
+  Process-local: a Ray training rank never sees a driver's override.
+* ``fault_point(name)``: fault-tolerance tests make code that must survive its own errors raise
+  at a named point (``engine-monitor``: each health check of the engine supervisor's monitor) by
+  setting ``RLVR_TEST_RAISE_AT=name:K``: every K-th time the point is reached it raises
+  ``InjectedFault`` (K = 2: every other time).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import os
 import signal
+from typing import TYPE_CHECKING, Callable, Iterator
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 log = logging.getLogger(__name__)
 
 SIGKILL_AT_ENV = "RLVR_TEST_SIGKILL_AT"
+RAISE_AT_ENV = "RLVR_TEST_RAISE_AT"
+
+_reached: dict[str, int] = {}  # fault point -> times reached in this process
+
+
+class InjectedFault(RuntimeError):
+    """Raised by ``fault_point`` on a test's request."""
 
 
 def crash_point(point: str) -> None:
@@ -23,3 +45,68 @@ def crash_point(point: str) -> None:
     if os.environ.get(SIGKILL_AT_ENV) == point:
         log.warning("%s=%s: killing this process", SIGKILL_AT_ENV, point)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerSeam:
+    """The trainer's test-only switches; the defaults are what production runs."""
+
+    # (rollout id, a micro-batch's scalar policy loss) -> the loss to backpropagate.
+    loss_hook: Callable[[int, Tensor], Tensor] | None = None
+    # False: p0 always comes from a separate forward, never from the on-policy training forward.
+    p0_from_train_forward: bool = True
+
+
+_trainer_seam = TrainerSeam()
+
+
+def trainer_seam() -> TrainerSeam:
+    """The switches the trainer reads now (``TrainerSeam()`` outside ``override_trainer``)."""
+    return _trainer_seam
+
+
+@contextlib.contextmanager
+def override_trainer(**changes) -> Iterator[TrainerSeam]:
+    """Within the block, the trainer reads ``TrainerSeam`` with ``changes`` (tests only).
+
+    >>> with override_trainer(p0_from_train_forward=False):
+    ...     trainer_seam().p0_from_train_forward
+    False
+    >>> trainer_seam().p0_from_train_forward
+    True
+    """
+    global _trainer_seam
+    before = _trainer_seam
+    _trainer_seam = dataclasses.replace(before, **changes)
+    try:
+        yield _trainer_seam
+    finally:
+        _trainer_seam = before
+
+
+def hook_loss(rollout_id: int, loss: Tensor) -> Tensor:
+    """A policy micro-batch loss through the test hook (unchanged when none is set)."""
+    hook = _trainer_seam.loss_hook
+    return loss if hook is None else hook(rollout_id, loss)
+
+
+def fault_point(point: str) -> None:
+    """Raise ``InjectedFault`` every K-th time ``point`` is reached when ``RLVR_TEST_RAISE_AT`` is ``point:K``.
+
+    >>> os.environ[RAISE_AT_ENV] = "doctest-point:2"
+    >>> fault_point("doctest-point"); fault_point("other-point")
+    >>> fault_point("doctest-point")
+    Traceback (most recent call last):
+    ...
+    rlvr.testing.InjectedFault: RLVR_TEST_RAISE_AT=doctest-point:2: injected at doctest-point (time 2)
+    >>> del os.environ[RAISE_AT_ENV]
+    """
+    spec = os.environ.get(RAISE_AT_ENV)
+    if not spec:
+        return
+    name, _, every = spec.rpartition(":")
+    if name != point:
+        return
+    _reached[point] = n = _reached.get(point, 0) + 1
+    if n % int(every) == 0:
+        raise InjectedFault(f"{RAISE_AT_ENV}={spec}: injected at {point} (time {n})")

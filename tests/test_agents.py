@@ -98,7 +98,7 @@ def test_trainer_log_probs_of_three_turn_samples_match_the_engine(trainer_and_to
     assert all(len(s.segments()) == 5 for s in samples)  # model, tool, model, tool, model
     width = max(s.response_length for s in samples)
     with torch.no_grad():
-        lp = tr._log_probs(tr.model, samples, width, False)[0]  # the trainer's own (packed) forward
+        lp = tr._log_probs(tr.policy, samples, width, False)[0]  # the trainer's own (packed) forward
     diffs = torch.cat([(lp[i, : s.response_length] - torch.tensor(s.rollout_log_probs)).abs()[
         torch.tensor(s.loss_mask, dtype=torch.bool)] for i, s in enumerate(samples)])
     print(f"3-turn log-prob |diff| over {diffs.numel()} model tokens: mean {diffs.mean():.2e} max {diffs.max():.2e}")

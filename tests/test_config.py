@@ -102,10 +102,60 @@ def test_engine_and_partial_rollout_flags_are_validated(base):
                                "--over-sampling-batch-size", "16",
                                "--rollout-external-engine-addrs", "127.0.0.1:30000", "localhost:30001"])
     assert cfg.rollout.partial_rollout and cfg.rollout.over_sampling_batch_size == 16
-    assert cfg.rollout.rollout_external_engine_addrs == ["127.0.0.1:30000", "localhost:30001"]
+    assert cfg.engine.rollout_external_engine_addrs == ["127.0.0.1:30000", "localhost:30001"]
     with pytest.raises(ConfigError, match="--mask-offpolicy-in-partial-rollout: only acts with --partial-rollout"):
         parse_config(base + ["--mask-offpolicy-in-partial-rollout"])
     with pytest.raises(ConfigError, match=r"--rollout-external-engine-addrs: 'localhost' is not host:port"):
         parse_config(base + ["--rollout-external-engine-addrs", "localhost"])
     with pytest.raises(ConfigError, match=r"--over-sampling-batch-size: must be >= --rollout-batch-size"):
         parse_config(base + ["--over-sampling-batch-size", "1"])
+
+
+def test_engine_flags_are_the_engine_group_with_declared_bounds(base, tmp_path):
+    cfg = parse_config(base + ["--rollout-num-engines", "2", "--use-fault-tolerance", "--rollout-health-check-timeout", "3"])
+    assert cfg.engine.rollout_num_engines == 2 and cfg.engine.use_fault_tolerance and cfg.engine.uses_engine_processes
+    assert cfg.engine.rollout_health_check_timeout == 3.0 and "rollout_num_engines" not in cfg.to_dict()["rollout"]
+    y = tmp_path / "c.yaml"
+    y.write_text("rollout:\n  rollout_max_engine_restarts: 5\n")  # a file grouped before the engine group still reads
+    assert parse_config(base + ["--config", str(y)]).engine.rollout_max_engine_restarts == 5
+    for flag, value, bound in [("--rollout-num-engines", "0", ">= 1"), ("--rollout-health-check-interval", "0", "> 0"),
+                               ("--rollout-max-engine-restarts", "-1", ">= 0"),
+                               ("--rollout-external-engine-timeout", "0", "> 0")]:
+        with pytest.raises(ConfigError, match=f"{flag}: must be {bound}, got"):
+            parse_config(base + [flag, value])
+    with pytest.raises(ConfigError, match="--use-fault-tolerance: restarts the engine processes rlvr launches"):
+        parse_config(base + ["--use-fault-tolerance", "--rollout-external-engine-addrs", "127.0.0.1:1"])
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--n-samples-per-prompt", "0", "must be >= 1, got 0"),
+    ("--rollout-top-p", "1.5", "must be in (0, 1], got 1.5"),
+    ("--rollout-temperature", "0", "must be > 0, got 0.0"),
+    ("--lr", "-1", "must be > 0, got -1.0"),
+    ("--gamma", "1.5", "must be in [0, 1], got 1.5"),
+    ("--eps-clip-c", "1", "must be > 1, got 1.0"),
+    ("--max-staleness", "-1", "must be >= 0, got -1"),
+    ("--code-max-processes", "0", "must be >= 1, got 0"),
+    ("--actor-num-nodes", "0", "must be >= 1, got 0"),
+    ("--rollout-health-check-timeout", "0", "must be > 0, got 0.0"),
+])
+def test_declared_bounds_are_enforced_and_shown_in_help(base, flag, value, message, capsys):
+    """One declaration per field: validation and --help read the same bounds (rlvr.fields)."""
+    with pytest.raises(ConfigError) as e:
+        parse_config(base + [flag, value])
+    assert str(e.value) == f"{flag}: {message}"
+    with pytest.raises(SystemExit):
+        parse_config(["--help"])
+    bound = message.split(", got")[0].removeprefix("must be ")
+    help_text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    entry = f"{flag} {flag[2:].upper().replace('-', '_')} "  # its entry in the options list
+    assert f"({bound})" in help_text.rsplit(entry, 1)[1].split(" --", 1)[0]
+
+
+def test_registry_choices_are_listed_in_help_and_checked_after_plugins_load(base, capsys):
+    with pytest.raises(SystemExit):
+        parse_config(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "(registered: cispo, dcpo, grpo, gspo, ppo, reinforce_plus_plus" in help_text
+    with pytest.raises(ConfigError, match="--kl-loss-type: unknown value 'kl'; valid: k1, k2, k3, low_var_kl"):
+        parse_config(base + ["--kl-loss-type", "kl"])

@@ -12,19 +12,25 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from transformers import AutoModelForCausalLM
 
+import rlvr.build
 from rlvr.config import parse_config
 from rlvr.engine.base import GenerateRequest, SamplingParams
+from rlvr.engine.config import EngineConfig
+from rlvr.engine.processes import ServeProcesses
 from rlvr.engine.supervisor import EngineSupervisor
 from rlvr.loop import run
 from rlvr.observe import read_metrics
+from rlvr.testing import RAISE_AT_ENV, InjectedFault
 
 pytestmark = pytest.mark.slow
 
 from test_async import _check_exactly_once, _ledger  # noqa: E402  (the same ledger checks)
+from test_supervisor import wait_until  # noqa: E402
 
 
 def engine_pids(checkpoint: Path) -> list[int]:
@@ -44,6 +50,13 @@ def engine_pids(checkpoint: Path) -> list[int]:
     return sorted(pids)
 
 
+def supervise(checkpoint: Path, tmp_path: Path, n: int, max_restarts: int) -> EngineSupervisor:
+    """``n`` supervised ``rlvr serve`` processes, health-checked every 0.3 s, hung after 2 s."""
+    settings = EngineConfig(rollout_num_engines=n, use_fault_tolerance=True, rollout_health_check_interval=0.3,
+                            rollout_health_check_timeout=2.0, rollout_max_engine_restarts=max_restarts)
+    return EngineSupervisor(ServeProcesses(checkpoint, log_dir=tmp_path / "engines"), settings)
+
+
 def rollouts_logged(run_dir: Path) -> int:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
@@ -51,27 +64,47 @@ def rollouts_logged(run_dir: Path) -> int:
     return sum('"rollout/step"' in line for line in path.read_text().splitlines())
 
 
-def killer(checkpoint: Path, run_dir: Path, rng: random.Random, log: list, stop: threading.Event):
-    """SIGKILL the two engines the run started with, in random order, each at a random moment
-    (0-0.4 s) after the next rollout is logged. The second may die before the first one's
-    replacement is up: then no engine is left for a while, and the run must wait, not fail."""
-    while not stop.is_set() and len(engine_pids(checkpoint)) < 2:
+def killer(pids: Callable[[], list[int]], in_flight: Callable[[int], bool], run_dir: Path, rng: random.Random,
+           log: list, stop: threading.Event) -> None:
+    """SIGKILL the two engines the run started with (``pids()``), in random order, each at a
+    random moment (0-0.4 s) after the next rollout is logged -- and once that engine has requests
+    in flight (``in_flight(pid)``), so that the kill cuts work off whatever the moment fell on
+    (training, a weight push). The second may die before the first one's replacement is up: then
+    no engine is left for a while, and the run must wait, not fail."""
+    while not stop.is_set() and len(pids()) < 2:
         time.sleep(0.05)
-    pids = engine_pids(checkpoint)
-    rng.shuffle(pids)
-    for pid in pids:
+    victims = pids()
+    rng.shuffle(victims)
+    for pid in victims:
         seen = rollouts_logged(run_dir)
         while not stop.is_set() and rollouts_logged(run_dir) <= seen:
-            time.sleep(0.05)
+            time.sleep(0.02)
         time.sleep(rng.uniform(0.0, 0.4))
+        while not stop.is_set() and not in_flight(pid):
+            time.sleep(0.005)
         if stop.is_set():
             return
         os.kill(pid, signal.SIGKILL)
         log.append((time.time(), pid))
 
 
+def local_engine_probe(monkeypatch) -> tuple[Callable[[], list[int]], Callable[[int], bool]]:
+    """(pids, in_flight) of the supervisor the run builds (caught as ``build_engine`` returns it)."""
+    built: list[EngineSupervisor] = []
+    real = rlvr.build.build_engine
+    monkeypatch.setattr(rlvr.build, "build_engine", lambda *a: built.append(real(*a)) or built[-1])
+
+    def pids() -> list[int]:
+        return [s.pid for s in built[0].slots if s.up] if built else []
+
+    def in_flight(pid: int) -> bool:
+        return any(s.pid == pid and s.up and s.outstanding > 0 for s in built[0].slots)
+
+    return pids, in_flight
+
+
 @pytest.mark.parametrize("mode", ["async", "sync"])
-def test_chaos_two_sigkills_during_rollout(tiny_qwen2, arith_files, tmp_path, caplog, mode):
+def test_chaos_two_sigkills_during_rollout(tiny_qwen2, arith_files, tmp_path, caplog, monkeypatch, mode):
     train, _ = arith_files
     out = tmp_path / "run"
     args = ["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(train), "--rm-type", "math",
@@ -84,7 +117,8 @@ def test_chaos_two_sigkills_during_rollout(tiny_qwen2, arith_files, tmp_path, ca
     cfg = parse_config(args)
     kills: list = []
     stop = threading.Event()
-    chaos = threading.Thread(target=killer, args=(tiny_qwen2, out, random.Random(9), kills, stop), daemon=True)
+    pids, in_flight = local_engine_probe(monkeypatch)
+    chaos = threading.Thread(target=killer, args=(pids, in_flight, out, random.Random(9), kills, stop), daemon=True)
     with caplog.at_level(logging.WARNING, logger="rlvr.engine.supervisor"):
         chaos.start()
         run_dir = run(cfg, console=False)
@@ -103,7 +137,7 @@ def test_chaos_two_sigkills_during_rollout(tiny_qwen2, arith_files, tmp_path, ca
     downs = [r for r in caplog.records if "is down" in r.getMessage()]
     restarts = [r for r in caplog.records if "restarted as pid" in r.getMessage()]
     assert len(downs) == 2 and len(restarts) == 2
-    assert {pid for _, pid in kills} <= {int(m.getMessage().split("pid ")[1].split(",")[0]) for m in downs}
+    assert {pid for _, pid in kills} <= {int(m.getMessage().split("(pid ")[1].split(")")[0]) for m in downs}
     assert not engine_pids(tiny_qwen2)  # the run stopped its engines
 
 
@@ -113,16 +147,16 @@ def _requests(n: int, max_new: int) -> list[GenerateRequest]:
 
 def test_hung_engine_is_detected_within_the_timeout_and_replaced(tiny_qwen2, tmp_path):
     interval, timeout = 0.3, 2.0
-    sup = EngineSupervisor(str(tiny_qwen2), 1, health_check_interval=interval, health_check_timeout=timeout,
-                           max_restarts=2, log_dir=tmp_path / "engines")
+    sup = supervise(tiny_qwen2, tmp_path, 1, max_restarts=2)
     try:
         model = AutoModelForCausalLM.from_pretrained(tiny_qwen2)
         sup.update_weights(dict(model.named_parameters()), version=3)  # the restarted engine must get these
-        hung = sup.slots[0].proc.pid
+        hung = sup.slots[0].pid
         box = {}
         work = threading.Thread(target=lambda: box.setdefault("r", asyncio.run(sup.generate(_requests(8, 400)))))
         work.start()
-        time.sleep(0.3)  # requests in flight
+        # 8 x 400 tokens (EOS ignored) take seconds: all 8 are still in flight at the stop
+        wait_until(lambda: sup.slots[0].outstanding == 8, "the engine has the 8 requests in flight")
         os.kill(hung, signal.SIGSTOP)
         t_stop = time.time()
         work.join(120)
@@ -130,7 +164,7 @@ def test_hung_engine_is_detected_within_the_timeout_and_replaced(tiny_qwen2, tmp
         down = next(e for e in sup.events if e["event"] == "down")
         assert down["pid"] == hung and "unanswered" in down["reason"]
         assert down["time"] - t_stop <= timeout + interval + 0.5  # detected within the health-check timeout
-        assert any(e["event"] == "restarted" for e in sup.events) and sup.slots[0].proc.pid != hung
+        assert any(e["event"] == "restarted" for e in sup.events) and sup.slots[0].pid != hung
         results = box["r"]
         assert [r.rid for r in results] == [f"r{i}" for i in range(8)]
         assert all(r.finish_reason in ("stop", "length") and r.token_ids for r in results)
@@ -143,17 +177,15 @@ def test_hung_engine_is_detected_within_the_timeout_and_replaced(tiny_qwen2, tmp
 
 
 def test_an_engine_that_keeps_dying_is_removed(tiny_qwen2, tmp_path):
-    sup = EngineSupervisor(str(tiny_qwen2), 2, health_check_interval=0.3, health_check_timeout=2.0,
-                           max_restarts=1, log_dir=tmp_path / "engines")
+    sup = supervise(tiny_qwen2, tmp_path, 2, max_restarts=1)
     try:
         def wait_for(event: str) -> None:
-            deadline = time.time() + 60
-            while time.time() < deadline and not any(e["event"] == event and e["slot"] == 0 for e in sup.events):
-                time.sleep(0.05)
+            wait_until(lambda: any(e["event"] == event and e["slot"] == 0 for e in sup.events),
+                       f"engine 0 is {event}", timeout=120)
 
-        os.kill(sup.slots[0].proc.pid, signal.SIGKILL)
+        os.kill(sup.slots[0].pid, signal.SIGKILL)
         wait_for("restarted")
-        os.kill(sup.slots[0].proc.pid, signal.SIGKILL)  # the replacement dies too: no restarts left
+        os.kill(sup.slots[0].pid, signal.SIGKILL)  # the replacement dies too: no restarts left
         wait_for("removed")
         assert sup.slots[0].removed and not sup.slots[0].up
         assert [e["event"] for e in sup.events if e["slot"] == 0] == ["down", "restarted", "down", "removed"]
@@ -163,6 +195,42 @@ def test_an_engine_that_keeps_dying_is_removed(tiny_qwen2, tmp_path):
                                "rollout/engines_up": 1.0}
     finally:
         sup.close()
+
+
+def test_a_monitor_that_raises_still_restarts_a_killed_engine(tiny_qwen2, tmp_path, caplog, monkeypatch):
+    """Every other health check of the monitor raises (``rlvr.testing.fault_point``): the monitor
+    logs it and goes on, so a SIGKILLed engine is still detected, restarted with the newest weights
+    and serves again. (A monitor thread that died with its first error would never restart it.)
+    The Ray transport runs the same scenario in tests/test_ray_fault_tolerance.py."""
+    monkeypatch.setenv(RAISE_AT_ENV, "engine-monitor:2")
+    with caplog.at_level(logging.ERROR, logger="rlvr.engine.supervisor"):
+        sup = supervise(tiny_qwen2, tmp_path, 1, max_restarts=1)
+        try:
+            check_monitor_survives_a_kill(sup, caplog)
+        finally:
+            sup.close()
+
+
+def check_monitor_survives_a_kill(sup, caplog) -> None:
+    """The shared scenario: errors injected before and after the SIGKILL of engine 0 while idle
+    (only the monitor can see that death), then a restart and answered requests."""
+    def injected() -> int:
+        return sum(bool(r.exc_info) and isinstance(r.exc_info[1], InjectedFault) for r in caplog.records)
+
+    wait_until(lambda: injected() >= 2, "the monitor has raised twice")
+    killed = sup.slots[0].pid
+    os.kill(killed, signal.SIGKILL)
+    t_kill = time.time()
+    errors_before = injected()
+    wait_until(lambda: any(e["event"] == "restarted" for e in sup.events), "engine 0 is restarted", timeout=120)
+    down = next(e for e in sup.events if e["event"] == "down")
+    assert down["pid"] == killed and down["time"] >= t_kill
+    wait_until(lambda: injected() > errors_before, "the monitor raises again after the kill")
+    assert sup._monitor.is_alive() and sup.slots[0].pid != killed
+    results = asyncio.run(sup.generate(_requests(4, 8)))
+    assert [r.rid for r in results] == [f"r{i}" for i in range(4)]
+    assert all(r.finish_reason in ("stop", "length") and r.token_ids for r in results)
+    assert sup.stats()["rollout/engine_restarts"] == 1.0 and sup.stats()["rollout/engines_up"] == 1.0
 
 
 def test_chaos_run_ledger_is_json(tmp_path):

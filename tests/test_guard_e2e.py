@@ -1,4 +1,5 @@
-"""A run with poisoned rollouts (NaN injected into the loss by a test hook) through the real loop."""
+"""A run with poisoned rollouts (NaN injected into the loss through ``rlvr.testing``'s trainer seam) through
+the real loop."""
 
 import json
 
@@ -8,6 +9,7 @@ import torch
 import rlvr.loop as loop
 from rlvr.config import parse_config
 from rlvr.errors import ConfigError, TrainingStopped
+from rlvr.testing import override_trainer
 
 
 def _cfg(ckpt, arith_files, out, *extra):
@@ -17,12 +19,15 @@ def _cfg(ckpt, arith_files, out, *extra):
                          "--output-dir", str(out), *extra])
 
 
-def _poison_rollouts(monkeypatch, rollouts, seen):
+def _poison(rollouts):
+    return override_trainer(loss_hook=lambda rid, loss: loss * float("nan") if rid in rollouts else loss)
+
+
+def _keep_trainer(monkeypatch, seen):
     real_build = loop.build
 
     def build(cfg):
         c = real_build(cfg)
-        c.trainer.loss_hook = lambda rid, loss: loss * float("nan") if rid in rollouts else loss
         seen["trainer"] = c.trainer
         return c
 
@@ -32,8 +37,9 @@ def _poison_rollouts(monkeypatch, rollouts, seen):
 @pytest.mark.slow
 def test_a_poisoned_rollout_is_skipped_and_the_run_continues(tiny_qwen2, arith_files, tmp_path, monkeypatch):
     seen = {}
-    _poison_rollouts(monkeypatch, {1}, seen)
-    run_dir = loop.run(_cfg(tiny_qwen2, arith_files, tmp_path / "run", "--num-rollout", "3"), console=False)
+    _keep_trainer(monkeypatch, seen)
+    with _poison({1}):
+        run_dir = loop.run(_cfg(tiny_qwen2, arith_files, tmp_path / "run", "--num-rollout", "3"), console=False)
     train = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if "train/step" in x]
     assert [r["train/skipped_steps"] for r in train] == [0, 1, 0]
     assert train[1]["train/loss"] is None  # NaN is logged as null
@@ -42,10 +48,10 @@ def test_a_poisoned_rollout_is_skipped_and_the_run_continues(tiny_qwen2, arith_f
 
 
 @pytest.mark.slow
-def test_k_poisoned_rollouts_in_a_row_stop_the_run(tiny_qwen2, arith_files, tmp_path, monkeypatch):
-    _poison_rollouts(monkeypatch, {1, 2, 3}, {})
+def test_k_poisoned_rollouts_in_a_row_stop_the_run(tiny_qwen2, arith_files, tmp_path):
     cfg = _cfg(tiny_qwen2, arith_files, tmp_path / "run", "--num-rollout", "5", "--max-consecutive-skipped-steps", "2")
-    with pytest.raises(TrainingStopped, match=r"began at rollout 1 .*skipped_rollouts/rollout_000001\.pt"):
+    with _poison({1, 2, 3}), pytest.raises(TrainingStopped,
+                                           match=r"began at rollout 1 .*skipped_rollouts/rollout_000001\.pt"):
         loop.run(cfg, console=False)
     train = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if "train/step" in x]
     assert len(train) == 3  # rollouts 0, 1, 2 logged; stopped before rollout 3

@@ -1,9 +1,15 @@
 """The math graders against careful human verdicts, and the dapo / deepscaler styles.
 
 tests/data/math_cases.jsonl holds hand-labelled (response, label, correct) cases; the verdicts were
-written before the grader was run on them. The agreement run happens in a child process with a
-wall-clock timeout and a memory cap, so a grader that hangs or explodes on a pathological case
-fails this test instead of taking the machine down.
+written before the grader was run on them (two percent verdicts were later changed to the new
+default ``--math-percent-policy value``, see the git log). tests/data/math_cases_v2.jsonl (issue
+#19: units, multi-part answers, vectors, intervals, empty set, mixed numbers, percent, thinking
+blocks, hedges, candidate lists, truncated responses, rounded decimals, GSM8K/MATH formats) was
+written and committed before the new grader existed; tests/data/math_cases_holdout.jsonl after it,
+but before it was run on them. Each v2 case may carry a ``status`` (``truncated``: cut at the
+length limit) and a ``prompt``. The agreement runs happen in a child process with a wall-clock
+timeout and a memory cap, so a grader that hangs or explodes on a pathological case fails the
+test instead of taking the machine down.
 """
 
 from __future__ import annotations
@@ -20,24 +26,50 @@ from pathlib import Path
 import pytest
 
 from rlvr.rewards import REWARDS, score
-from rlvr.rewards import dapo as _dapo  # noqa: F401  (registers "dapo")
+from rlvr.rewards.dapo import dapo_reward
 from rlvr.rewards import deepscaler as _deepscaler  # noqa: F401  (registers "deepscaler")
 from rlvr.rewards.math import extract_answer, is_unsafe, math_reward
 from rlvr.types import Sample
 
 CASES_PATH = Path(__file__).parent / "data" / "math_cases.jsonl"
 CASES = [json.loads(line) for line in CASES_PATH.read_text().splitlines() if line.strip()]
+V2_PATH = Path(__file__).parent / "data" / "math_cases_v2.jsonl"
+HOLDOUT_PATH = Path(__file__).parent / "data" / "math_cases_holdout.jsonl"
+# Groups where a false positive trains the wrong behaviour (issue #19): none is allowed.
+NO_FALSE_POSITIVES = ("hedge", "candidate_list", "truncated", "rounded")
+
+
+def _load(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 # Grades every case in a fresh interpreter; prints one JSON list of [verdict, seconds].
 _CHILD = """
 import json, sys, time
 from rlvr.rewards import score
+score("math", "1", "1")  # warm-up: the first read of the registry imports math-verify; time grading only
 out = []
 for line in open(sys.argv[1]):
     case = json.loads(line)
     t = time.perf_counter()
     got = score("math", case["response"], case["label"]) == 1.0
     out.append([got, time.perf_counter() - t])
+print(json.dumps(out))
+"""
+
+
+# Grades v2-style cases (status, prompt) with the registered math reward at its defaults.
+_CHILD_V2 = """
+import json, sys
+from rlvr.rewards import RewardConfig
+from rlvr.rewards.grader import build_reward
+from rlvr.types import Sample, Status
+reward = build_reward("math", RewardConfig())
+out = []
+for line in open(sys.argv[1]):
+    c = json.loads(line)
+    s = Sample(prompt=c.get("prompt", ""), prompt_ids=[], label=c["label"], response=c["response"],
+               status=Status(c.get("status", "completed")))
+    out.append(reward(s) == 1.0)
 print(json.dumps(out))
 """
 
@@ -75,7 +107,38 @@ def test_math_grader_agrees_with_human_verdicts():
               f"response={case['response'][:120]!r} label={case['label']!r}")
     slow = [(c["kind"], c["response"][:60], round(dt, 2)) for c, (_, dt) in zip(CASES, results) if dt > 3.0]
     assert not slow, f"cases slower than 3 s: {slow}"
-    assert agreement >= 0.99
+    assert len(disagreements) <= 2  # 474/476 before issue #19: no regression
+
+
+def test_v2_case_set_is_large_and_covers_the_issue_groups():
+    cases = _load(V2_PATH)
+    assert len(cases) >= 200
+    for case in cases:
+        assert {"response", "label", "correct", "group"} <= set(case) <= {
+            "response", "label", "correct", "group", "status", "prompt"}, case
+        assert isinstance(case["correct"], bool) and case.get("status", "truncated") in ("truncated", "completed")
+    groups = Counter(c["group"] for c in cases)
+    assert all(groups[g] >= 15 for g in NO_FALSE_POSITIVES), groups
+    wrong = Counter(c["group"] for c in cases if not c["correct"])
+    assert all(wrong[g] >= 12 for g in NO_FALSE_POSITIVES), wrong  # mostly cases that must get 0
+    assert len(groups) >= 12
+
+
+@pytest.mark.parametrize("path,threshold", [(V2_PATH, 0.995), (HOLDOUT_PATH, 0.98)], ids=["v2", "holdout"])
+def test_math_grader_agrees_on_issue_19_cases(path, threshold):
+    cases = _load(path)
+    proc = subprocess.run([sys.executable, "-c", _CHILD_V2, str(path)], capture_output=True, text=True,
+                          timeout=600, preexec_fn=_cap_memory)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(got) == len(cases)
+    disagreements = [(c, g) for c, g in zip(cases, got) if g != c["correct"]]
+    for case, g in disagreements:
+        print(f"  DISAGREE [{case['group']}] human={case['correct']} grader={g} "
+              f"response={case['response'][-120:]!r} label={case['label']!r}")
+    false_positives = Counter(c["group"] for c, g in disagreements if g and c["group"] in NO_FALSE_POSITIVES)
+    assert not false_positives, f"credited hedges / candidate lists / truncated / rounded answers: {false_positives}"
+    assert 1 - len(disagreements) / len(cases) >= threshold
 
 
 def test_pathological_cases_are_graded_fast():
@@ -95,6 +158,7 @@ inputs = ["$" * 20000, "\\\\(" * 10000, "\\\\frac{" * 3000, "[" * 5000, "The ans
           "9" * 20000, "\\\\boxed{1 " + "a" * 5000 + "!", "Answer: 1 " + "ab " * 3000 + "!",
           "\\\\boxed{" + "\\\\sqrt{" * 300 + "2" + "}" * 301, "\\\\boxed{x = " + "y = " * 2000 + "1}",
           "\\\\boxed{9^9^9}", "The answer is 2^2^2^2^2^2.", "\\\\boxed{10^{10^{10}}!}"]
+score("math", "1", "1")  # warm-up: importing math-verify is not grading
 for text in inputs:
     t = time.perf_counter()
     score("math", text, "1")
@@ -167,14 +231,14 @@ def test_math_reward_rejects_missing_label():
     ],
 )
 def test_dapo(response, label, score_, pred):
-    result = REWARDS["dapo"](Sample("", [], label=label, response=response))
+    result = dapo_reward(Sample("", [], label=label, response=response))
     assert result == {"score": score_, "acc": 1.0 if score_ > 0 else 0.0, "pred": pred}
     assert score("dapo", response, label) == score_
 
 
 def test_dapo_rejects_non_integer_labels():
     with pytest.raises(ValueError, match="integer labels.*--rm-type math"):
-        REWARDS["dapo"](Sample("", [], label="1/2", response="Answer: 1/2"))
+        dapo_reward(Sample("", [], label="1/2", response="Answer: 1/2"))
 
 
 # --- deepscaler ---------------------------------------------------------------------------------

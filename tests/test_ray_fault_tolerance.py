@@ -21,7 +21,7 @@ ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 
 from test_async import _check_exactly_once, _ledger  # noqa: E402  (the same ledger checks)
-from test_fault_tolerance import rollouts_logged  # noqa: E402
+from test_fault_tolerance import check_monitor_survives_a_kill, killer, wait_until  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -32,31 +32,6 @@ def ray_cluster():
     ray.init(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": dict(ACTOR_ENV)}, log_to_driver=False)
     yield
     ray.shutdown()
-
-
-def raylet_pid() -> int:
-    """The raylet of the cluster this test started: Ray's worker processes are its children."""
-    from ray._private import ray_constants
-    from ray._private.worker import _global_node
-
-    return _global_node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
-
-
-def engine_pids() -> list[int]:
-    """Live engine actor processes of this test's cluster (Ray titles them ``ray::EngineActor...``;
-    only children of this cluster's raylet, so another Ray job on the machine is never touched)."""
-    pids, raylet = [], raylet_pid()
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmd = (d / "cmdline").read_bytes()
-            state, ppid = (d / "stat").read_text().rsplit(")", 1)[1].split()[:2]
-        except (OSError, IndexError, ValueError):
-            continue
-        if cmd.startswith(b"ray::EngineActor") and state not in ("Z", "T") and int(ppid) == raylet:
-            pids.append(int(d.name))
-    return sorted(pids)
 
 
 def manager_log() -> str:
@@ -75,38 +50,67 @@ def ft_args(ckpt, train, out, *extra: str) -> list[str]:
             "--rollout-health-check-interval", "0.3", "--rollout-health-check-timeout", "3", *extra]
 
 
-def killer(run_dir: Path, rng: random.Random, log: list, stop: threading.Event) -> None:
-    """SIGKILL the two engines the run started with, in random order, each at a random moment
-    (0-0.4 s) after the next rollout is logged, i.e. while the following rollout is sampled."""
-    while not stop.is_set() and len(engine_pids()) < 2:
-        time.sleep(0.05)
-    pids = engine_pids()
-    rng.shuffle(pids)
-    for pid in pids:
-        seen = rollouts_logged(run_dir)
-        while not stop.is_set() and rollouts_logged(run_dir) <= seen:
-            time.sleep(0.02)
-        time.sleep(rng.uniform(0.0, 0.4))
-        if stop.is_set():
-            return
-        os.kill(pid, signal.SIGKILL)
-        log.append((time.time(), pid))
+def ray_engine_probe(monkeypatch):
+    """(pids, in_flight) of the engines of the ``RayRollout`` the run builds (``test_fault_tolerance.killer``'s
+    arguments). Requests in flight are asked of the engine actor itself (``load``): the rollout
+    manager answers nothing while it samples."""
+    from rlvr.distributed import rollout_manager
+
+    built, actors = [], {}
+    real_setup = rollout_manager.RayRollout.setup
+
+    def setup(self):
+        real_setup(self)
+        built.append(self)
+
+    monkeypatch.setattr(rollout_manager.RayRollout, "setup", setup)
+
+    def pids() -> list[int]:
+        if not built:
+            return []
+        if not actors:
+            actors.update(zip(built[0].engine_pids(), built[0].engine_actors()))
+        return [p for p in actors if p is not None]
+
+    def in_flight(pid: int) -> bool:
+        return ray.get(actors[pid].load.remote())["num_reqs"] > 0
+
+    def all_up() -> bool:
+        return None not in built[0].engine_pids()
+
+    return pids, in_flight, all_up
+
+
+def hold_rollout_until(monkeypatch, rollout_id: int, condition, what: str) -> None:
+    """Rollout ``rollout_id`` (sync or ``--async``) is asked for only once ``condition()`` holds."""
+    from rlvr.distributed import rollout_manager
+
+    for cls, method in ((rollout_manager.RayRollout, "generate"), (rollout_manager.RayAsyncSource, "next_batch")):
+        def held(self, i, _real=getattr(cls, method)):
+            if i == rollout_id:
+                wait_until(condition, what, timeout=240, poll=0.2)
+            return _real(self, i)
+
+        monkeypatch.setattr(cls, method, held)
 
 
 # Both modes: async keeps groups in flight at every moment (so a kill always cuts requests) and
 # pushes weights from the producer's thread while engines restart; sync re-issues within a rollout.
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_chaos_two_sigkills_during_rollout(ray_cluster, tiny_qwen2, arith_files, tmp_path, mode):
+def test_chaos_two_sigkills_during_rollout(ray_cluster, tiny_qwen2, arith_files, tmp_path, monkeypatch, mode):
     from rlvr.loop import run
 
     out = tmp_path / "run"
     extra = ["--async", "--max-staleness", "1", "--rollout-concurrency", "8"] if mode == "async" else []
-    # 10 rollouts: the kills come after rollouts 0 and 1, and the rest leave the second replacement
-    # (a new worker importing torch: 5-12 s here) time to come up before the run ends.
+    # 10 rollouts: the kills come after rollouts 0 and 1 (once the victim is decoding).
     cfg = parse_config(ft_args(tiny_qwen2, arith_files[0], out, "--num-rollout", "10", *extra))
     kills: list = []
     stop = threading.Event()
-    chaos = threading.Thread(target=killer, args=(out, random.Random(9), kills, stop), daemon=True)
+    pids, in_flight, all_up = ray_engine_probe(monkeypatch)
+    # A replacement is a new worker importing torch (5-30 s on a busy CPU): the last rollout waits
+    # for both to be up, so its engines_up is the state after recovery, not a race with the run's end.
+    hold_rollout_until(monkeypatch, 9, all_up, "both killed engines are replaced and up")
+    chaos = threading.Thread(target=killer, args=(pids, in_flight, out, random.Random(9), kills, stop), daemon=True)
     chaos.start()
     t0 = time.time()
     try:
@@ -146,11 +150,14 @@ def test_hung_engine_is_detected_within_the_timeout_and_replaced(ray_cluster, ti
                                "--rollout-health-check-timeout", str(timeout), "--rollout-max-engine-restarts", "1"))
     with build(cfg) as c:
         c.rollout.update_weights(c.trainer.weights(), version=3)  # the replacement must get these
-        [hung] = c.rollout.engine_pids()
+        [hung], [actor] = c.rollout.engine_pids(), c.rollout.engine_actors()
         box: dict = {}
         work = threading.Thread(target=lambda: box.setdefault("batch", c.rollout.generate(0)))
         work.start()
-        time.sleep(0.5)  # requests in flight
+        # the rollout's groups reach the engine: 4 groups of 2 x up to 256 tokens take far longer than
+        # this wait's 5 ms polls, so the stop lands while they sample (a fixed sleep raced the rollout)
+        wait_until(lambda: ray.get(actor.load.remote())["num_reqs"] > 0, "the engine has the rollout's requests",
+                   poll=0.005)
         os.kill(hung, signal.SIGSTOP)
         t_stop = time.time()
         work.join(120)
@@ -168,13 +175,40 @@ def test_hung_engine_is_detected_within_the_timeout_and_replaced(ray_cluster, ti
         reissued = batch.metrics["rollout/engine_reissued_requests"]  # the groups still in flight at SIGSTOP
         assert 2.0 <= reissued <= 8.0 and reissued % 2 == 0
         assert batch.metrics["rollout/engine_restarts"] == 1.0
-        for _ in range(50):  # the stopped process was killed, not left stopped
-            if hung not in engine_pids() and not Path(f"/proc/{hung}").exists():
-                break
-            time.sleep(0.1)
-        assert not Path(f"/proc/{hung}").exists() or "T" not in Path(f"/proc/{hung}/stat").read_text().split()[2]
+        # the stopped process was killed, not left stopped
+        wait_until(lambda: not Path(f"/proc/{hung}").exists() or "T" not in Path(f"/proc/{hung}/stat").read_text().split()[2],
+                   f"the hung engine (pid {hung}) is killed, not left stopped", timeout=5)
         [replacement] = c.rollout.engine_pids()
         os.kill(replacement, signal.SIGKILL)
         with pytest.raises(Exception, match="every engine was removed after --rollout-max-engine-restarts 1"):
             c.rollout.generate(1)
         assert [e["event"] for e in c.rollout.engine_events()] == ["down", "restarted", "down", "removed"]
+
+
+def test_a_monitor_that_raises_still_restarts_a_killed_engine(ray_cluster, tiny_qwen2, arith_files, tmp_path, caplog,
+                                                              monkeypatch):
+    """test_fault_tolerance.py's scenario on the Ray transport: the supervised engine-actor group
+    is built in this process (so the injected monitor errors and the logs are this test's); every
+    other health check raises, a SIGKILLed engine actor is still restarted and answers."""
+    import logging
+
+    from ray.util.placement_group import remove_placement_group
+
+    from rlvr.distributed.engine_faults import TolerantEngineGroup
+    from rlvr.distributed.placement import placement_group, plan
+    from rlvr.testing import RAISE_AT_ENV
+
+    cfg = parse_config(ft_args(tiny_qwen2, arith_files[0], tmp_path / "run", "--rollout-num-engines", "1",
+                               "--rollout-health-check-timeout", "2", "--rollout-max-engine-restarts", "1"))
+    p = plan(cfg.cluster, 1)
+    pg = placement_group(p)
+    monkeypatch.setenv(RAISE_AT_ENV, "engine-monitor:2")
+    group = None
+    try:
+        with caplog.at_level(logging.ERROR, logger="rlvr.engine.supervisor"):
+            group = TolerantEngineGroup(cfg, pg, p, os.getcwd(), 1)
+            check_monitor_survives_a_kill(group.supervisor, caplog)
+    finally:
+        if group is not None:
+            group.close()
+        remove_placement_group(pg)

@@ -10,6 +10,8 @@ from rlvr.algo import AlgoConfig
 from rlvr.config import TrainConfig
 from rlvr.errors import TrainingStopped
 from rlvr.models.tiny import build_tiny_model
+from rlvr.testing import override_trainer
+from rlvr.train.packing import Layout
 from rlvr.train.trainer import Trainer
 from rlvr.types import Sample
 from tests.conftest import SMALL, random_samples
@@ -19,9 +21,9 @@ def _samples(n=8, seed=0):
     return random_samples(n, seed, lambda i, rng: float(i % 2))
 
 
-def _trainer(ckpt, algo=None, **train):
+def _trainer(ckpt, algo=None, layout=Layout(), **train):
     cfg = TrainConfig(hf_checkpoint=str(ckpt), **{"lr": 1e-3, **train})
-    return Trainer(cfg, algo or AlgoConfig(), n_samples_per_prompt=4)
+    return Trainer(cfg, algo or AlgoConfig(), n_samples_per_prompt=4, layout=layout)
 
 
 def _weights(tr):
@@ -32,14 +34,14 @@ def test_several_optimizer_steps_per_rollout_are_off_policy(tiny_qwen2):
     tr = Trainer(TrainConfig(hf_checkpoint=str(tiny_qwen2), lr=1e-2), AlgoConfig(), n_samples_per_prompt=4,
                  global_batch_size=4)
     steps = []
-    real = tr._accumulate
+    real = tr._policy_step
 
     def spy(*args, **kwargs):
         out = real(*args, **kwargs)
         steps.append(out)
         return out
 
-    tr._accumulate = spy
+    tr._policy_step = spy
     tr.train(0, _samples())
     assert tr.step == 2 and len(steps) == 2
     assert steps[0]["ppo_kl"] == pytest.approx(0.0, abs=1e-6)  # first step: p_theta == p0
@@ -96,10 +98,8 @@ def test_bf16_keeps_float32_master_weights(tiny_qwen2):
 @pytest.mark.parametrize("per_token", [False, True])
 def test_recompute_and_padding_do_not_change_the_gradient(tiny_qwen2, per_token):
     def grad(**kw):
-        packed = kw.pop("packed", True)
         tr = _trainer(tiny_qwen2, AlgoConfig(calculate_per_token_loss=per_token, entropy_coef=0.01),
                       use_dynamic_batch_size=True, max_tokens_per_gpu=28, **kw)
-        tr.packed = packed
         captured = {}
         real = tr.optimizer.step
         tr.optimizer.step = lambda: (captured.setdefault("g", torch.cat([p.grad.flatten() for p in tr.master])),
@@ -108,7 +108,7 @@ def test_recompute_and_padding_do_not_change_the_gradient(tiny_qwen2, per_token)
         return captured["g"]
 
     plain = grad()
-    for other in (grad(recompute_activations=True), grad(packed=False)):
+    for other in (grad(recompute_activations=True), grad(layout=Layout(packed=False))):
         assert (plain - other).abs().max() / plain.norm() <= 1e-6
 
 
@@ -126,13 +126,13 @@ def _poison(rollouts):
 
 def test_a_poisoned_step_is_skipped_and_training_continues(tiny_qwen2):
     tr = _trainer(tiny_qwen2, lr=1e-2)
-    tr.loss_hook = _poison({1})
-    tr.train(0, _samples())
-    w0 = _weights(tr)
-    m1 = tr.train(1, _samples())
-    assert m1["train/skipped_steps"] == 1 and math.isnan(m1["train/loss"])
-    assert torch.equal(_weights(tr), w0)  # untouched
-    m2 = tr.train(2, _samples())
+    with override_trainer(loss_hook=_poison({1})):
+        tr.train(0, _samples())
+        w0 = _weights(tr)
+        m1 = tr.train(1, _samples())
+        assert m1["train/skipped_steps"] == 1 and math.isnan(m1["train/loss"])
+        assert torch.equal(_weights(tr), w0)  # untouched
+        m2 = tr.train(2, _samples())
     assert m2["train/skipped_steps"] == 0 and torch.isfinite(_weights(tr)).all()
     assert not torch.equal(_weights(tr), w0)
     tr.guard.raise_if_exhausted()  # one skip, then a good step: no stop
@@ -140,11 +140,11 @@ def test_a_poisoned_step_is_skipped_and_training_continues(tiny_qwen2):
 
 def test_k_poisoned_steps_in_a_row_stop_with_the_rollout_named(tiny_qwen2):
     tr = _trainer(tiny_qwen2, max_consecutive_skipped_steps=2)
-    tr.loss_hook = _poison({1, 2})
-    tr.train(0, _samples())
-    tr.train(1, _samples())
-    tr.guard.raise_if_exhausted()
-    tr.train(2, _samples())
+    with override_trainer(loss_hook=_poison({1, 2})):
+        tr.train(0, _samples())
+        tr.train(1, _samples())
+        tr.guard.raise_if_exhausted()
+        tr.train(2, _samples())
     with pytest.raises(TrainingStopped, match=r"began at rollout 1 \(train step 1: non-finite loss"):
         tr.guard.raise_if_exhausted()
 
@@ -153,12 +153,16 @@ def test_k_poisoned_steps_in_a_row_stop_with_the_rollout_named(tiny_qwen2):
 def test_on_policy_p0_from_the_training_forward_equals_a_separate_forward(tiny_qwen2, algo):
     def run(reuse):
         tr = _trainer(tiny_qwen2, algo, use_dynamic_batch_size=True, max_tokens_per_gpu=28)
-        tr.p0_from_train_forward = reuse
         captured = {}
         real = tr.optimizer.step
         tr.optimizer.step = lambda: (captured.setdefault("g", torch.cat([p.grad.flatten() for p in tr.master])),
                                      real())
-        return captured, tr.train(0, _samples())
+        forward_all, p0_forwards = tr._forward_all, []
+        tr._forward_all = lambda *a, **kw: (p0_forwards.append(1), forward_all(*a, **kw))[1]
+        with override_trainer(p0_from_train_forward=reuse):
+            metrics = tr.train(0, _samples())
+        assert len(p0_forwards) == (0 if reuse else 1)  # the seam reached the trainer
+        return captured, metrics
 
     (g_reuse, m_reuse), (g_sep, m_sep) = run(True), run(False)
     assert (g_reuse["g"] - g_sep["g"]).abs().max() / g_sep["g"].norm() <= 1e-6

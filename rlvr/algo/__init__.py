@@ -5,6 +5,7 @@ corrections (TIS, ICE-POP, OPSM, score centering) and loss aggregation. No state
 algorithm code receives ``cfg.algo`` (an ``AlgoConfig``) and tensors. See docs/algorithms.md.
 """
 
+from rlvr.algo.actor_loss import actor_loss
 from rlvr.algo.advantages import (
     ADVANTAGES,
     AdvantageInputs,
@@ -46,6 +47,7 @@ __all__ = [
     "AlgoConfig",
     "Estimator",
     "PolicyLoss",
+    "actor_loss",
     "aggregate_loss",
     "apply_corrections",
     "compute_approx_kl",

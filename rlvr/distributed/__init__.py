@@ -46,7 +46,7 @@ def start_actors(cfg: Config) -> tuple[object, object, Callable[[], None]]:
     from rlvr.distributed.train_group import RayTrainer
 
     t0 = time.perf_counter()
-    p = plan(cfg.cluster, cfg.cluster.num_engines(cfg.rollout.rollout_num_engines))
+    p = plan(cfg.cluster, cfg.cluster.num_engines(cfg.engine.rollout_num_engines))
     started = start(cfg.cluster, p)
     parts: dict[str, object] = {}
 

@@ -4,7 +4,7 @@ Local mode (the default) runs everything in one process. ``--ray`` places the sa
 sides on Ray (seed 003 §2): a training group of ``train_world_size`` ranks and ``num_engines``
 rollout engines, in one placement group, disaggregated (one bundle each) or ``--colocate``d
 (engines time-share the training ranks' bundles). Flag names are slime's where slime has them;
-``--actor-num-cpu-workers-per-node`` and ``--rollout-num-engines`` (``RolloutConfig``) are the
+``--actor-num-cpu-workers-per-node`` and ``--rollout-num-engines`` (``EngineConfig``) are the
 CPU-cluster equivalents of the GPU counts.
 
 GPU counts are accepted by the schema (so a slime command line parses) but refused by

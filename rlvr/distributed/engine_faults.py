@@ -1,139 +1,126 @@
-"""Engine fault tolerance on Ray (``--ray --use-fault-tolerance``, issue 9): health-checked engine
-actors, restarted when they die or hang, their in-flight requests re-issued.
+"""Engine fault tolerance on Ray (``--ray --use-fault-tolerance``): the engine supervisor over
+engine actors.
 
-``TolerantEngineGroup`` is an ``EngineGroup`` (the ``Engine`` protocol over M ``EngineActor``s)
-whose engines are supervised from the rollout manager's process, with the local supervisor's
-policy (``rlvr.engine.supervisor``, same flags, same metric names):
+The policy -- health checks, re-issue, restart with the newest weights, restart budget, the
+metrics -- is ``rlvr.engine.supervisor.EngineSupervisor``'s, the same code local mode runs over
+``rlvr serve`` processes. This module holds only what is Ray's:
 
-* a monitor thread sends ``actor.health.remote()`` to each live engine every
-  ``--rollout-health-check-interval`` seconds. An engine is *down* when a call to it raises
-  ``RayActorError`` (its process died: SIGKILL, OOM, segfault), or a probe has gone unanswered
-  for ``--rollout-health-check-timeout`` seconds (hung: SIGSTOPped, deadlocked). Ray's
-  ``ActorUnavailableError`` is a ``RayActorError`` too: the engine is replaced, not waited for. A probe that
-  answers ``False`` (asleep while colocated) is an answer: the engine is alive.
-* a down engine is taken out of the balance, its in-flight calls are cut off and *re-issued*
-  (the whole prompt group, same rids) to the live engine with the fewest outstanding requests,
-  or to the replacement; a call's result is taken from exactly one attempt -- one that
-  returned while its engine was still up -- so no sample is lost or delivered twice.
-* the actor is ``ray.kill``-ed (the raylet SIGKILLs a stopped process) and re-created by
-  ``make(i)`` in the same bundle, on its own thread; it gets the newest weights and version
-  before it takes requests (pushed again if a sync lands meanwhile).
-* after ``--rollout-max-engine-restarts`` restarts of one engine it is removed; the run goes on
-  with the others and fails with ``EnginesLost`` when none is left.
-
-Why not a subclass of ``EngineSupervisor``: its seams are per request over HTTP (one
-``_post_generate`` per request, weights written to disk), while an engine actor takes a whole
-prompt group in one call (the prompt is prefilled once) and weights come from the object store;
-overriding its generate, weight, abort and startup paths would leave little of it. What is
-shared is the policy and the ``Slot`` record, which this module reuses.
+* ``RayActors``, the supervisor's transport over ``EngineActor``s: ``launch`` creates an actor in
+  engine ``i``'s bundle (``make_engine_actor``), ``send`` is one ``actor.generate.remote`` per prompt
+  group (``batched``: the group's prompt is prefilled once), ``probe`` is ``actor.health.remote()``
+  (``False`` -- asleep while colocated -- is an answer: the actor is alive), weights are the object
+  store's ref, ``kill`` is ``ray.kill`` (the raylet SIGKILLs a stopped process). A call that raises
+  ``RayActorError`` (the process died: SIGKILL, OOM, segfault; ``ActorUnavailableError`` too) is
+  ``EngineDown(dead=True)``: the engine is replaced, not waited for. An engine's own exception
+  (``RayTaskError``) is not a transport failure: it stops the run.
+* ``TolerantEngineGroup``, what the rollout manager holds: the plain ``EngineGroup``'s methods
+  (per-engine health, sleep, sampler states, pids, ``restart(i)``) over one ``EngineSupervisor``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import threading
-import time
+from functools import partial
 
 import ray
 import torch
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from rlvr.distributed.rollout_manager import EngineGroup
+from rlvr.distributed.rollout_manager import engine_states, make_engine_actor
 from rlvr.engine.base import GenerateRequest, GenerateResult
-from rlvr.engine.supervisor import RestartPolicy, Slot, _settle
+from rlvr.engine.supervisor import DOWN, STARTUP_TIMEOUT, EngineDown, EngineSupervisor
 
 log = logging.getLogger(__name__)
 
-STARTUP_TIMEOUT = 180.0  # seconds a re-created engine actor may take to load (torch import on a busy CPU)
+
+def _get(ref, what: str, timeout: float | None = None):
+    """``ray.get`` with the transport's failures as ``EngineDown``."""
+    try:
+        return ray.get(ref, timeout=timeout)
+    except RayActorError as e:
+        raise EngineDown(f"actor died during {what}: {type(e).__name__}", dead=True) from e
+    except GetTimeoutError as e:
+        raise EngineDown(f"{what} unanswered for {timeout:.0f} s") from e
 
 
-class EnginesLost(RuntimeError):
-    """Every engine was removed after --rollout-max-engine-restarts restarts."""
+class _RefProbe:
+    """A health call in flight, as the supervisor's ``Probe``."""
+
+    def __init__(self, ref):
+        self.ref = ref
+
+    def done(self) -> bool:
+        return bool(ray.wait([self.ref], timeout=0)[0])
+
+    def result(self) -> bool:
+        return _get(self.ref, "health")  # True, or False while asleep: either way the actor answered
 
 
-class TolerantEngineGroup(RestartPolicy, EngineGroup):
-    """``EngineGroup`` whose engines are health-checked, restarted and re-issued; see the module
-    docstring. ``slots[i].proc`` is engine ``i``'s current actor handle, ``slots[i].url`` its pid."""
+class RayActors:
+    """``Transport`` over engine actors; ``make(i)`` creates engine ``i``'s actor in its bundle."""
+
+    batched = True  # one call per prompt group
+
+    def __init__(self, make):
+        self.make = make
+
+    def launch(self, index: int, restarts: int):
+        return self.make(index)
+
+    def wait_ready(self, actor, index: int) -> int:
+        return _get(actor.pid.remote(), f"engine {index} start", timeout=STARTUP_TIMEOUT)
+
+    def exit_code(self, actor) -> None:
+        return None  # an actor's death shows in its calls and probes
+
+    def probe(self, actor, timeout: float) -> _RefProbe:
+        return _RefProbe(actor.health.remote())
+
+    def kill(self, actor, graceful: bool = False) -> None:
+        ray.kill(actor)
+
+    def stage_weights(self, weights_ref, version: int):
+        return weights_ref  # already in the object store, written once by rank 0
+
+    def push_weights(self, actor, weights_ref, version: int, with_checksum: bool = False) -> str | None:
+        return _get(actor.update_weights.remote(weights_ref, version, with_checksum), "weight update",
+                    timeout=STARTUP_TIMEOUT)
+
+    async def send(self, actor, requests: list[GenerateRequest]) -> list[GenerateResult]:
+        try:
+            return await actor.generate.remote(requests)
+        except RayActorError as e:
+            raise EngineDown(f"actor died: {type(e).__name__}", dead=True) from e
+
+    def abort(self, actor, rid: str | None) -> None:
+        _get(actor.abort.remote(rid), "abort")
+
+    def call(self, actor, method: str, *args):
+        """Any other ``EngineActor`` method, as one blocking call."""
+        return _get(getattr(actor, method).remote(*args), method)
+
+    def close(self) -> None:
+        pass
+
+
+class TolerantEngineGroup:
+    """``EngineGroup``'s methods over ``EngineSupervisor`` + ``RayActors``; see the module docstring."""
 
     def __init__(self, cfg, pg, p, cwd: str, n: int):
-        super().__init__(cfg, pg, p, cwd, n)
-        r = cfg.rollout
-        self.interval, self.timeout = r.rollout_health_check_interval, r.rollout_health_check_timeout
-        self.max_restarts = r.rollout_max_engine_restarts
-        self.restarts = 0  # engine restarts so far (all slots)
-        self.reissued = 0  # requests re-issued after their engine went down
-        self.events: list[dict] = []  # every down / restarted / removed, with time, slot, pid, reason
-        self._lock = threading.RLock()
-        self._probes: dict[int, object] = {}  # slot -> health ref in flight
-        self._abort_epoch = 0  # calls submitted before the last abort() come back aborted when re-issued
-        self._aborted_rids: set[str] = set()
-        self._closed = threading.Event()
-        # Wait for every engine to load before the clock of the health checks starts.
-        pids = ray.get([a.pid.remote() for a in self.actors], timeout=STARTUP_TIMEOUT)
-        self.slots = [Slot(i, proc=a, url=str(pid), up=True, last_probe=time.monotonic())
-                      for i, (a, pid) in enumerate(zip(self.actors, pids))]
-        self._monitor = threading.Thread(target=self._monitor_loop, name="rlvr-engine-monitor", daemon=True)
-        self._monitor.start()
+        self.transport = RayActors(partial(make_engine_actor, cfg, pg, p, cwd))
+        # Every engine loads before the clock of the health checks starts.
+        self.supervisor = EngineSupervisor(self.transport, cfg.engine, num_engines=n)
 
-    # ---- Engine protocol ----------------------------------------------------------------
     async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
-        """One prompt group, re-issued until an engine that is still up answers it. A group
-        re-issued after ``abort()``, or with a request aborted by rid, comes back aborted (no tokens:
-        those it had were lost with its engine)."""
-        if not requests:
-            return []
-        loop, epoch = asyncio.get_running_loop(), self._abort_epoch
-        for attempt in range(self.max_restarts * len(self.slots) + len(self.slots) + 1):
-            if self._abort_epoch != epoch or any(q.rid in self._aborted_rids for q in requests):
-                return [GenerateResult(q.rid, [], [], "abort", self.version) for q in requests]
-            slot = await self._pick()
-            down = loop.create_future()
-            with self._lock:
-                if not slot.up:  # went down since it was picked
-                    continue
-                incarnation, actor = slot.incarnation, slot.proc
-                slot.outstanding += len(requests)
-                slot.down_waiters.append((loop, down))
-            call = asyncio.ensure_future(actor.generate.remote(requests))
-            try:
-                await asyncio.wait({call, down}, return_when=asyncio.FIRST_COMPLETED)
-                if not down.done():
-                    try:
-                        return call.result()  # an engine's own exception (RayTaskError) stops the run
-                    except RayActorError as e:
-                        reason = f"actor died: {type(e).__name__}"
-                        self._on_down(slot, reason, incarnation)
-                else:  # cut off with its engine: whatever it might still return is not taken
-                    reason = "engine went down"
-                    call.cancel()
-                    await asyncio.gather(call, return_exceptions=True)
-            finally:
-                with self._lock:
-                    slot.outstanding -= len(requests)
-                    if (loop, down) in slot.down_waiters:
-                        slot.down_waiters.remove((loop, down))
-            with self._lock:
-                self.reissued += len(requests)
-            log.warning("%d requests (%s...) lost with engine %d (%s); re-issuing them (attempt %d)",
-                        len(requests), requests[0].rid, slot.index, reason, attempt + 2)
-        raise EnginesLost(f"requests {requests[0].rid}... failed on every engine attempt")
+        return await self.supervisor.generate(requests)
 
     def update_weights(self, weights_ref, version: int, with_checksum: bool = False) -> list[str | None]:
         """Load the weights into every live engine; one that dies meanwhile is restarted with them.
         Returns the checksums of the engines that loaded them."""
-        with self._lock:
-            self.weights_ref, self.version = weights_ref, version
-        results = self._on_live("update_weights", weights_ref, version, with_checksum)
-        return [s for s in results if s is not _DOWN]
+        return self.supervisor.update_weights(weights_ref, version, with_checksum=with_checksum)
 
     def abort(self, rid: str | None = None) -> None:
-        with self._lock:
-            if rid is None:
-                self._abort_epoch += 1
-            else:
-                self._aborted_rids.add(rid)
-        self._on_live("abort", rid)
+        self.supervisor.abort(rid)
 
     def sleep(self) -> None:
         self._on_live("sleep")
@@ -144,155 +131,39 @@ class TolerantEngineGroup(RestartPolicy, EngineGroup):
 
     def rng_state(self) -> list[torch.Tensor | None]:
         """Per engine (None for one that is down: it restarts from a fresh stream)."""
-        return [None if r is _DOWN else r for r in self._on_live("rng_state")]
+        return [None if r is DOWN else r for r in self._on_live("rng_state")]
 
     def set_rng_state(self, states) -> None:
-        if isinstance(states, torch.Tensor):
-            states = [states]
-        if len(states) != len(self.slots):
-            super().set_rng_state(states)  # raises the shape error
-        for slot, state in zip(self.slots, states):
-            if state is not None and slot.up:
-                self._call(slot, "set_rng_state", state)
+        states = engine_states(states, len(self.supervisor.slots))
+        self.supervisor.on_live(
+            lambda i, a: None if states[i] is None else self.transport.call(a, "set_rng_state", states[i]),
+            "set_rng_state")
 
     def restart(self, i: int) -> None:
         """Replace engine ``i`` now (as if it had died) and wait for the replacement."""
-        slot = self.slots[i]
-        self._on_down(slot, "restart requested", slot.incarnation)
-        deadline = time.monotonic() + STARTUP_TIMEOUT
-        while not slot.up and not slot.removed and time.monotonic() < deadline:
-            time.sleep(0.05)
+        self.supervisor.replace(i)
 
     def pids(self) -> list[int | None]:
         """Each engine's current process id (None while it is down)."""
-        with self._lock:
-            return [int(s.url) if s.up else None for s in self.slots]
+        return [s.pid if s.up else None for s in self.supervisor.slots]
+
+    def stats(self) -> dict[str, float]:
+        return self.supervisor.stats()
+
+    @property
+    def events(self) -> list[dict]:
+        return self.supervisor.events
+
+    @property
+    def actors(self) -> list:
+        return [s.handle for s in self.supervisor.slots]
+
+    @property
+    def weight_version(self) -> int:
+        return self.supervisor.weight_version
 
     def close(self) -> None:
-        self._closed.set()
-
-    # ---- calls ----------------------------------------------------------------------------
-    def _call(self, slot: Slot, method: str, *args):
-        """``method`` on ``slot``'s actor; ``_DOWN`` (and the engine marked down) if the actor died."""
-        incarnation = slot.incarnation
-        try:
-            return ray.get(getattr(slot.proc, method).remote(*args))
-        except RayActorError as e:
-            self._on_down(slot, f"actor died during {method}: {type(e).__name__}", incarnation)
-            return _DOWN
+        self.supervisor.close()
 
     def _on_live(self, method: str, *args) -> list:
-        """``method`` on every live engine at once; ``_DOWN`` for an engine that is (or went) down."""
-        with self._lock:
-            calls = [(s, s.incarnation, getattr(s.proc, method).remote(*args)) if s.up else (s, None, None)
-                     for s in self.slots]
-        out = []
-        for slot, incarnation, ref in calls:
-            if ref is None:
-                out.append(_DOWN)
-                continue
-            try:
-                out.append(ray.get(ref))
-            except RayActorError as e:
-                self._on_down(slot, f"actor died during {method}: {type(e).__name__}", incarnation)
-                out.append(_DOWN)
-        return out
-
-    async def _pick(self) -> Slot:
-        """The live engine with the fewest outstanding requests; waits while all are restarting."""
-        while True:
-            with self._lock:
-                up = [s for s in self.slots if s.up]
-                if up:
-                    return min(up, key=lambda s: s.outstanding)
-                if all(s.removed for s in self.slots):
-                    raise EnginesLost(f"every engine was removed after --rollout-max-engine-restarts "
-                                      f"{self.max_restarts} restarts: no engine is left to sample from")
-            await asyncio.sleep(0.05)
-
-    # ---- supervision (monitor thread) ---------------------------------------------------
-    def _monitor_loop(self) -> None:
-        tick = min(self.interval, self.timeout) / 4
-        while not self._closed.wait(tick):
-            for slot in self.slots:
-                try:
-                    with self._lock:
-                        if slot.up:
-                            self._check(slot)
-                except Exception:  # a monitor that dies silently would end fault tolerance: log, go on
-                    log.exception("health check of engine %d failed", slot.index)
-            for slot in self.slots:
-                with self._lock:
-                    due = not (slot.up or slot.removed or slot.restarting)
-                    slot.restarting = slot.restarting or due
-                if due:  # each restart on a thread of its own: the checks of the others go on
-                    threading.Thread(target=self._restart_thread, args=(slot,), daemon=True).start()
-
-    def _check(self, slot: Slot) -> None:
-        """(Under the lock; nothing here blocks.) Down if the probe in flight failed with the actor's death or has been unanswered for
-        longer than the timeout; otherwise start the next probe when one is due."""
-        now, incarnation = time.monotonic(), slot.incarnation
-        ref = self._probes.get(slot.index)
-        if ref is not None:
-            done, _ = ray.wait([ref], timeout=0)
-            if done:
-                self._probes.pop(slot.index, None)
-                slot.probe_started = None
-                try:
-                    ray.get(ref)  # True or False (asleep): either way the actor answered
-                except RayActorError as e:
-                    self._on_down(slot, f"actor died: {type(e).__name__}", incarnation)
-            elif now - slot.probe_started > self.timeout:
-                self._on_down(slot, f"health unanswered for {now - slot.probe_started:.1f} s", incarnation)
-        elif now - slot.last_probe >= self.interval:
-            self._probes[slot.index] = slot.proc.health.remote()
-            slot.probe_started = slot.last_probe = now
-
-    def _on_down(self, slot: Slot, reason: str, incarnation: int) -> None:
-        """Take the engine out, cut off its in-flight calls (they are re-issued), kill its actor."""
-        with self._lock:
-            if not slot.up or slot.incarnation != incarnation:
-                return  # already handled (the monitor and a failed call may both see one death)
-            slot.up, slot.incarnation, slot.probe_started = False, slot.incarnation + 1, None
-            self._probes.pop(slot.index, None)
-            waiters, slot.down_waiters = slot.down_waiters, []
-            self.events.append({"time": time.time(), "slot": slot.index, "pid": int(slot.url), "event": "down",
-                                "reason": reason})
-        log.warning("engine %d (pid %s) is down (%s); %d calls in flight will be re-issued; restarting it",
-                    slot.index, slot.url, reason, len(waiters))
-        for loop, fut in waiters:
-            try:
-                loop.call_soon_threadsafe(_settle, fut)
-            except RuntimeError:  # that loop has closed
-                pass
-        ray.kill(slot.proc)  # SIGKILL from the raylet if it does not exit: a stopped process cannot
-
-    def _restart(self, slot: Slot) -> None:
-        if not self._take_restart(slot):
-            return
-        t0 = time.monotonic()
-        actor = self.make(slot.index)
-        try:
-            pid = ray.get(actor.pid.remote(), timeout=STARTUP_TIMEOUT)
-            while True:  # the newest weights; again if a sync landed while these were loading
-                with self._lock:
-                    ref, version = self.weights_ref, self.version
-                if ref is not None:
-                    ray.get(actor.update_weights.remote(ref, version, False), timeout=STARTUP_TIMEOUT)
-                with self._lock:
-                    if self.version == version or self._closed.is_set():
-                        slot.proc, slot.url, slot.up = actor, str(pid), True
-                        self.actors[slot.index] = actor
-                        slot.probe_started, slot.last_probe = None, time.monotonic()
-                        self.events.append({"time": time.time(), "slot": slot.index, "pid": pid,
-                                            "event": "restarted", "reason": f"weights v{version}"})
-                        break
-        except (RayActorError, GetTimeoutError) as e:
-            ray.kill(actor)
-            log.error("engine %d failed to restart: %r", slot.index, e)
-            return  # still down: the monitor tries again (and counts it)
-        log.warning("engine %d restarted as pid %d with weights v%d in %.1f s (restart %d of at most %d)",
-                    slot.index, pid, version, time.monotonic() - t0, slot.restarts, self.max_restarts)
-
-
-_DOWN = object()  # the result of a call on an engine that is down
+        return self.supervisor.on_live(lambda i, a: self.transport.call(a, method, *args), method)

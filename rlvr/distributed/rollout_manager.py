@@ -6,10 +6,11 @@ dynamic sampling, partial rollouts: all of ``rlvr/rollout`` unchanged) whose eng
 its own process and bundle. Every ``generate`` call (one prompt group) goes to the engine with
 the fewest outstanding requests, so long and short groups even out across engines.
 
-Engine actors are made by one method, ``EngineGroup.make(i)``, and ``EngineGroup.restart(i)``
-re-creates engine ``i`` and pushes the current weights and version to it. With
-``--use-fault-tolerance`` the manager's group is a ``TolerantEngineGroup``
-(``rlvr/distributed/engine_faults.py``): engines health-checked, restarted, requests re-issued.
+Engine actors are made by one function, ``make_engine_actor(..., i)``, and
+``EngineGroup.restart(i)`` re-creates engine ``i`` and pushes the current weights and version to
+it. With ``--use-fault-tolerance`` the manager's group is a ``TolerantEngineGroup``
+(``rlvr/distributed/engine_faults.py``): the engine supervisor (``rlvr.engine.supervisor``, the
+same policy as local mode's) over the engine actors -- health-checked, restarted, re-issued.
 
 Colocated (``--colocate``): after each rollout the engines ``sleep`` (their weights are freed
 while the trainer trains); ``update_weights`` wakes them and loads the new weights.
@@ -31,6 +32,7 @@ from rlvr.data.dataset import PromptRecord
 from rlvr.distributed.failures import get_all, get_one
 from rlvr.distributed.placement import Plan, actor_setup, in_bundle
 from rlvr.distributed.weight_sync import WeightMismatch, WeightsRef, checksum, from_store
+from rlvr.engine.balance import least_outstanding
 from rlvr.engine.base import GenerateRequest, GenerateResult
 from rlvr.types import RolloutBatch
 
@@ -48,7 +50,7 @@ class EngineActor:
         # Engine i samples from its own stream (seed + i); one engine samples as local mode's does.
         self.engine = EmbeddedEngine(cfg.train.hf_checkpoint, pad_token_id=tokenizer.pad_token_id,
                                      seed=cfg.train.seed + index, tokenizer=tokenizer,
-                                     max_batch_size=cfg.rollout.rollout_max_running_requests)
+                                     max_batch_size=cfg.engine.rollout_max_running_requests)
 
     async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         return await self.engine.generate(requests)
@@ -79,12 +81,32 @@ class EngineActor:
         """This actor's process id (fault-tolerance logs and tests)."""
         return os.getpid()
 
+    def load(self) -> dict[str, int]:
+        """Requests in the engine now and decode steps so far (``EmbeddedEngine.load``; tests wait on it)."""
+        return self.engine.load()
+
     def set_rng_state(self, state: torch.Tensor) -> None:
         self.engine.set_rng_state(state)
 
 
+def engine_states(states: list[torch.Tensor | None] | torch.Tensor, n: int) -> list[torch.Tensor | None]:
+    """A checkpoint's engine sampler states, one per engine of a group of ``n``."""
+    if isinstance(states, torch.Tensor):  # a local-mode checkpoint: one engine's state
+        states = [states]
+    if len(states) != n:
+        raise ValueError(f"the checkpoint holds {len(states)} engine sampler states, this run has "
+                         f"{n} engines; resume with the same --rollout-num-engines")
+    return list(states)
+
+
+def make_engine_actor(cfg: Config, pg, p: Plan, cwd: str, i: int):
+    """Create engine actor ``i`` in its bundle (version 0: the ``--hf-checkpoint`` weights)."""
+    return ray.remote(EngineActor).options(**in_bundle(pg, p.engine_bundles[i], p.engine_share)).remote(cfg, i, cwd)
+
+
 class EngineGroup:
-    """The ``Engine`` protocol over M engine actors, balanced by outstanding requests."""
+    """The ``Engine`` protocol over M engine actors, balanced by outstanding requests; not
+    supervised: the first actor failure stops the run (``TolerantEngineGroup`` is the supervised one)."""
 
     def __init__(self, cfg: Config, pg, p: Plan, cwd: str, n: int):
         self.cfg, self.pg, self.plan, self.cwd = cfg, pg, p, cwd
@@ -94,9 +116,7 @@ class EngineGroup:
         self.weights_ref = None  # the last weights pushed (a restarted engine gets them too)
 
     def make(self, i: int):
-        """Create engine actor ``i`` in its bundle (version 0: the ``--hf-checkpoint`` weights)."""
-        return ray.remote(EngineActor).options(**in_bundle(self.pg, self.plan.engine_bundles[i],
-                                                           self.plan.engine_share)).remote(self.cfg, i, self.cwd)
+        return make_engine_actor(self.cfg, self.pg, self.plan, self.cwd, i)
 
     def restart(self, i: int) -> None:
         """Replace engine ``i`` by a new actor holding the current weights (the seam for issue 9's
@@ -108,7 +128,7 @@ class EngineGroup:
             get_one(self.actors[i].update_weights.remote(self.weights_ref, self.version, False))
 
     async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
-        i = min(range(len(self.actors)), key=self.outstanding.__getitem__)
+        i = least_outstanding(range(len(self.actors)), self.outstanding.__getitem__)
         session = requests[0].session if requests else ""
         if session:  # session affinity: the turns of one multi-turn sample stay on one engine
             sessions = self.__dict__.setdefault("sessions", {})
@@ -145,21 +165,18 @@ class EngineGroup:
         return get_all([a.rng_state.remote() for a in self.actors])
 
     def set_rng_state(self, states: list[torch.Tensor] | torch.Tensor) -> None:
-        if isinstance(states, torch.Tensor):  # a local-mode checkpoint: one engine's state
-            states = [states]
-        if len(states) != len(self.actors):
-            raise ValueError(f"the checkpoint holds {len(states)} engine sampler states, this run has "
-                             f"{len(self.actors)} engines; resume with the same --rollout-num-engines")
+        states = engine_states(states, len(self.actors))
         get_all([a.set_rng_state.remote(s) for a, s in zip(self.actors, states)])
 
     def pids(self) -> list[int | None]:
         return get_all([a.pid.remote() for a in self.actors])
 
     @classmethod
-    def create(cls, cfg: Config, pg, p: Plan, cwd: str, n: int) -> EngineGroup:
-        """The group ``RolloutManager`` uses: health-checked and restarted with ``--use-fault-tolerance``
-        (``rlvr.distributed.engine_faults``), as it is otherwise (an actor failure stops the run)."""
-        if cfg.rollout.use_fault_tolerance:
+    def create(cls, cfg: Config, pg, p: Plan, cwd: str, n: int):
+        """The group ``RolloutManager`` uses: with ``--use-fault-tolerance`` a ``TolerantEngineGroup``
+        (``rlvr.distributed.engine_faults``: the engine supervisor over the actors, the same methods),
+        otherwise this one (an actor failure stops the run)."""
+        if cfg.engine.use_fault_tolerance:
             from rlvr.distributed.engine_faults import TolerantEngineGroup
 
             return TolerantEngineGroup(cfg, pg, p, cwd, n)
@@ -175,7 +192,7 @@ class RolloutManager:
 
         self.cfg = cfg
         tokenizer = load_tokenizer(cfg.train.hf_checkpoint)
-        n = cfg.cluster.num_engines(cfg.rollout.rollout_num_engines)
+        n = cfg.cluster.num_engines(cfg.engine.rollout_num_engines)
         self.engines = EngineGroup.create(cfg, pg, p, cwd, n)
         self.rollout = make_rollout(cfg, self.engines, tokenizer, open_training_data(cfg, tokenizer))
 
@@ -255,6 +272,10 @@ class RolloutManager:
         """Fault tolerance's down / restarted / removed events (empty without it)."""
         return list(getattr(self.engines, "events", []))
 
+    def engine_actors(self) -> list:
+        """The engine actors' handles (tests ask an engine directly while this actor is busy sampling)."""
+        return list(self.engines.actors)
+
 
 class _Remote:
     """A driver-side stand-in whose methods are calls to the manager (``data_source``, ``engine``)."""
@@ -313,6 +334,9 @@ class RayRollout:
 
     def engine_events(self) -> list[dict]:
         return get_one(self.manager.engine_events.remote())
+
+    def engine_actors(self) -> list:
+        return get_one(self.manager.engine_actors.remote())
 
 class RayAsyncSource:
     """The loop's batch source under ``--ray --async``: each method one call to the producer on

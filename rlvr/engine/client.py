@@ -1,11 +1,11 @@
 """A client ``Engine`` over SGLang's HTTP protocol (``rlvr serve`` or a real SGLang server).
 
 ``HttpEngine(["host:port", ...])`` sends each request to ``/generate`` on the address with the
-fewest requests outstanding (least-outstanding-requests balance). A request whose server fails
-(connection refused or dropped, HTTP 5xx, or no answer within ``timeout`` seconds) is retried
-on another address; the failing address is avoided for ``cooldown`` seconds. After ``retries``
-retries the request comes back with finish reason ``error`` (the rollout marks the sample
-FAILED and counts it). Every request gets exactly one result, in order.
+fewest requests outstanding among those not cooling down (``rlvr.engine.balance``). A request
+whose server fails (connection refused or dropped, HTTP 5xx, or no answer within ``timeout``
+seconds) is retried on another address; the failing address is avoided for ``cooldown``
+seconds. After ``retries`` retries the request comes back with finish reason ``error`` (the
+rollout marks the sample FAILED and counts it). Every request gets exactly one result, in order.
 
 Control calls go to every address: ``abort`` -> ``/abort_request``, ``health`` -> ``/health``
 (true while at least one server answers), ``sleep``/``wake`` -> ``/release_memory_occupation``
@@ -31,6 +31,7 @@ import aiohttp
 import torch
 from safetensors.torch import save_file
 
+from rlvr.engine.balance import least_outstanding
 from rlvr.engine.base import GenerateRequest, GenerateResult
 
 log = logging.getLogger(__name__)
@@ -99,8 +100,7 @@ class HttpEngine:
         now = time.monotonic()
         fresh = [u for u in self.urls if u not in tried]
         up = [u for u in fresh if self.down_until[u] <= now]
-        pool = up or fresh
-        return min(pool, key=lambda u: self.outstanding[u]) if pool else None
+        return least_outstanding(up or fresh, self.outstanding.__getitem__)
 
     async def _one(self, session: aiohttp.ClientSession, req: GenerateRequest) -> GenerateResult:
         tried: set[str] = set()

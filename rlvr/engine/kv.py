@@ -10,8 +10,12 @@ Each layer keeps its keys/values in a buffer with spare columns (``GrowingLayer`
 step writes one column in place instead of ``torch.cat``-ing the whole cache, which is what
 ``DynamicLayer`` does and what dominated the step time on CPU (measured: 4.1 s of 14.9 s).
 
-Simplification: full-attention layers only (keys/values [B, H, W, D]), which covers
-Qwen2/Llama/Mistral-style models without sliding windows.
+Every layer keeps all its keys/values ([B, H, W, D]), sliding-window layers included: the model's
+own sliding-window mask hides what lies outside the window. That mask counts distance in cache
+columns, which equals distance in positions because a row's real tokens are always contiguous at
+the right (left padding, columns appended, leading columns cut). Exact for sliding-window models
+(Mistral, Gemma 2/3, Qwen2 with ``use_sliding_window``; tests/test_model_matrix.py).
+Simplification: no rolling buffer, so a sliding-window layer's cache grows like a full one.
 """
 
 from __future__ import annotations

@@ -32,10 +32,33 @@ CHAT_TEMPLATE = (
 )
 
 # Architectures the builder knows; any HF causal LM works at run time, these are just the
-# ones a test can create without a download.
+# ones a test can create without a download (tests/test_model_matrix.py runs each of them).
+# ``config`` holds what the family needs beyond the common sizes; ``per_head``: config fields set
+# to the head size (families whose default head_dim or query_pre_attn_scalar is a fixed 128/256).
+# The features that make a family differ are on and made to bite at tiny scale: a sliding window
+# of 8 tokens (RL prompts + responses are longer), alternating with full-attention layers where
+# the family mixes them, and soft-capping at 0.5 (Gemma 2's defaults, 50 and 30, would leave a
+# random tiny model's numbers untouched; 0.5 moves its logits at the default initialisation and
+# its attention scores once the weights are larger, as tests/test_model_matrix.py makes them).
+TINY_WINDOW = 8
 ARCHITECTURES = {
     "qwen2": dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"]),
     "llama": dict(model_type="llama", architectures=["LlamaForCausalLM"]),
+    "qwen3": dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], per_head=["head_dim"]),
+    "qwen3_moe": dict(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], per_head=["head_dim"],
+                      config=dict(num_experts=4, num_experts_per_tok=2), moe=True),
+    "mistral": dict(model_type="mistral", architectures=["MistralForCausalLM"],
+                    config=dict(sliding_window=TINY_WINDOW)),
+    "gemma2": dict(model_type="gemma2", architectures=["Gemma2ForCausalLM"],
+                   per_head=["head_dim", "query_pre_attn_scalar"],
+                   config=dict(sliding_window=TINY_WINDOW, attn_logit_softcapping=0.5, final_logit_softcapping=0.5),
+                   alternate_layers=True),
+    "gemma3": dict(model_type="gemma3_text", architectures=["Gemma3ForCausalLM"],
+                   per_head=["head_dim", "query_pre_attn_scalar"], config=dict(sliding_window=TINY_WINDOW),
+                   alternate_layers=True),
+    "phi3": dict(model_type="phi3", architectures=["Phi3ForCausalLM"]),
+    "gpt_neox": dict(model_type="gpt_neox", architectures=["GPTNeoXForCausalLM"]),
+    "cohere": dict(model_type="cohere", architectures=["CohereForCausalLM"]),  # logits * logit_scale (0.0625)
 }
 
 
@@ -72,14 +95,23 @@ def build_tiny_model(
     intermediate_size: int = 384,
     max_position_embeddings: int = 512,
     seed: int = 0,
+    **config_overrides,
 ) -> Path:
-    """Write a randomly initialised tiny causal LM and its tokenizer to ``out_dir``."""
+    """Write a randomly initialised tiny causal LM and its tokenizer to ``out_dir``.
+    ``config_overrides`` are config fields set last (e.g. ``use_sliding_window=True`` for Qwen2)."""
     if arch not in ARCHITECTURES:
         raise ValueError(f"unknown tiny architecture {arch!r}; valid: {', '.join(ARCHITECTURES)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
     spec = ARCHITECTURES[arch]
+    extra = dict(spec.get("config", {}))
+    extra.update({name: hidden_size // num_heads for name in spec.get("per_head", [])})
+    if spec.get("moe"):
+        extra["moe_intermediate_size"] = intermediate_size // 2
+    if spec.get("alternate_layers"):  # sliding, full, sliding, ... (Gemma 2's pattern; Gemma 3 has 5:1)
+        extra["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
+    extra.update(config_overrides)
     config = AutoConfig.for_model(
         spec["model_type"],
         vocab_size=len(tokenizer),
@@ -94,6 +126,7 @@ def build_tiny_model(
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
         architectures=spec["architectures"],
+        **extra,
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

@@ -26,6 +26,7 @@ import weakref
 from typing import Any
 
 from rlvr.rewards.config import RewardConfig
+from rlvr.rewards.registry import REWARDS
 from rlvr.rewards.sandbox import RunResult, SandboxLimits, run_program
 from rlvr.types import Sample
 
@@ -120,6 +121,7 @@ def verdict(result: RunResult, expected: str | None) -> str | None:
     return None
 
 
+@REWARDS.register("code")
 class CodeReward:
     """Grades a response by running its program on the label's tests in the sandbox."""
 
@@ -150,12 +152,3 @@ class CodeReward:
             "total": len(cases),
             "reason": f"test {failures[0][0]}: {failures[0][1]}" if failures else None,
         }
-
-
-def _register() -> None:
-    from rlvr.rewards.registry import REWARDS
-
-    REWARDS.register("code")(CodeReward)
-
-
-_register()

@@ -13,12 +13,14 @@ import re
 
 from rlvr.rewards.grader import inline
 from rlvr.rewards.math import math_reward
+from rlvr.rewards.registry import REWARDS
 from rlvr.types import Sample
 
 _CONFIDENCE = re.compile(r"confidence\s*[:=]\s*([0-9]*\.?[0-9]+)", re.IGNORECASE)
 
 
 @inline
+@REWARDS.register("math_confidence")
 def math_confidence_reward(sample: Sample) -> dict:
     """
     >>> from rlvr.types import Sample
@@ -35,12 +37,3 @@ def math_confidence_reward(sample: Sample) -> dict:
     answer_part = Sample(sample.prompt, sample.prompt_ids, label=sample.label, response=text[: m.start()])
     confidence = min(max(float(m.group(1)), 0.0), 1.0)
     return {"score": math_reward(answer_part), "confidence": confidence, "confidence_char_pos": m.start()}
-
-
-def _register() -> None:
-    from rlvr.rewards.registry import REWARDS
-
-    REWARDS.register("math_confidence")(math_confidence_reward)
-
-
-_register()

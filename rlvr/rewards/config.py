@@ -30,6 +30,24 @@ class RewardConfig:
     reward_failure_value: float = _f(0.0, "reward given when grading fails (exception, timeout, NaN, bad reply)")
     reward_timeout: float = _f(120.0, "seconds one grading call may take before it counts as failed", gt=0)
     reward_max_concurrency: int = _f(16, "grading calls in flight at once (threads, HTTP requests, programs)", ge=1)
+    # --- math answers (--rm-type math, deepscaler)
+    math_percent_policy: str = _f(
+        "value",
+        "math: how a percentage compares with a plain number: 'value' (50 percent = 0.5, and = 50 since "
+        "labels often drop the sign), 'number' (= 50 only), 'strict' (= 0.5 only)",
+        choices=["value", "number", "strict"],
+    )
+    math_tolerance: float = _f(
+        0.0,
+        "math: relative tolerance for numeric answers; 0 = exact (a rounded decimal never equals a fraction "
+        "or radical unless the prompt asks for rounding). For datasets whose labels are approximations",
+        ge=0,
+    )
+    # --- slime's DAPO grader (--rm-type dapo)
+    dapo_strict_box: bool = _f(
+        False, "dapo: slime's strict_box_verify: grade the last boxed answer of the last 100 characters, "
+        "compared with the label as a string"
+    )
     # --- code sandbox (--rm-type code)
     code_timeout: float = _f(10.0, "code: wall-clock seconds per test run", gt=0)
     code_cpu_time: float = _f(10.0, "code: CPU seconds per test run", gt=0)

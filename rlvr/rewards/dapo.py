@@ -15,17 +15,22 @@ Behaviour (kept on purpose, so that rewards compare with slime/verl runs of DAPO
 
 Consequences worth knowing (same as slime): ``Answer: 42.`` is wrong (the trailing period stays),
 ``\\boxed{42}`` without an ``Answer:`` line is wrong, and ``Answer: 1/2`` cannot be right.
-slime's optional strict-box mode is not offered.
+
+**Strict-box mode** (``--dapo-strict-box``, slime's ``strict_box_verify=True``): the answer is the
+last closed ``\\boxed{...}`` of the last 100 of those 300 characters, compared with the label as
+given, as a plain string (no normalisation, any label type: ``str(label)``); no box ->
+``pred`` is None. Score and fields as above.
 """
 
 from __future__ import annotations
 
 import re
 
-from rlvr.rewards.grader import inline
+from rlvr.rewards.registry import REWARDS
 from rlvr.types import Sample
 
 TAIL_CHARS = 300
+STRICT_BOX_CHARS = 100  # slime's is_correct_strict_box reads only these last characters
 _ANSWER_LINE = re.compile(r"answer\s*:\s*([^\n]+)", re.IGNORECASE)
 
 # Minerva's normalisation tables (Lewkowycz et al. 2022, Listing in App. D), applied in order.
@@ -84,8 +89,26 @@ def _integer_label(label) -> str:
         ) from None
 
 
-@inline  # cheap pure CPU: runs on the event-loop thread, where math-verify's alarm works
-def dapo_reward(sample: Sample) -> dict:
+def _strict_box(tail: str) -> str | None:
+    """slime's ``last_boxed_only_string`` + ``remove_boxed``: the last closed ``\\boxed{...}``.
+
+    >>> _strict_box("so \\\\boxed{4} and \\\\boxed{\\\\frac{1}{2}}")
+    '\\\\frac{1}{2}'
+    >>> _strict_box("\\\\boxed{4"), _strict_box("\\\\fbox{4}")
+    (None, None)
+    """
+    start = tail.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth = 0
+    for j in range(start, len(tail)):
+        depth += (tail[j] == "{") - (tail[j] == "}")
+        if tail[j] == "}" and depth == 0:
+            return tail[start + len("\\boxed{") : j]
+    return None
+
+
+def dapo_reward(sample: Sample, strict_box: bool = False) -> dict:
     """DAPO's reward: ``score`` 1.0 when the last ``Answer:`` line matches the integer label, else -1.0.
 
     >>> from rlvr.types import Sample
@@ -93,18 +116,31 @@ def dapo_reward(sample: Sample) -> dict:
     {'score': 1.0, 'acc': 1.0, 'pred': '1000'}
     >>> dapo_reward(Sample("", [], label="42", response="\\\\boxed{42}"))
     {'score': -1.0, 'acc': 0.0, 'pred': '[INVALID]'}
+    >>> dapo_reward(Sample("", [], label="42", response="\\\\boxed{42}"), strict_box=True)
+    {'score': 1.0, 'acc': 1.0, 'pred': '42'}
     """
-    gold = _integer_label(sample.label)
-    found = _ANSWER_LINE.findall(sample.response[-TAIL_CHARS:])
-    pred = normalize_final_answer(found[-1]) if found else "[INVALID]"
-    correct = pred == gold
+    tail = sample.response[-TAIL_CHARS:]
+    if strict_box:
+        if sample.label is None:
+            raise ValueError("dapo reward needs a label per sample (--label-key names its field)")
+        pred = _strict_box(tail[-STRICT_BOX_CHARS:])
+        correct = pred == str(sample.label)
+    else:
+        gold = _integer_label(sample.label)
+        found = _ANSWER_LINE.findall(tail)
+        pred = normalize_final_answer(found[-1]) if found else "[INVALID]"
+        correct = pred == gold
     return {"score": 1.0 if correct else -1.0, "acc": 1.0 if correct else 0.0, "pred": pred}
 
 
-def _register() -> None:
-    from rlvr.rewards.registry import REWARDS
+@REWARDS.register("dapo")
+class DapoReward:
+    """``--rm-type dapo`` built with the reward config (``--dapo-strict-box``)."""
 
-    REWARDS.register("dapo")(dapo_reward)
+    inline = True  # cheap pure CPU: runs on the event-loop thread
 
+    def __init__(self, cfg):
+        self.strict_box = cfg.dapo_strict_box
 
-_register()
+    def __call__(self, sample: Sample) -> dict:
+        return dapo_reward(sample, self.strict_box)

@@ -1,23 +1,28 @@
 """``--rm-type deepscaler``: DeepScaleR's rule-based reward, as slime's ``rm_hub/deepscaler.py`` grades.
 
 Behaviour:
-- The solution is the text after the last ``</think>``; with no ``</think>``, the text after the
-  first ``###Response``; with neither, the reward is 0.0 (an unfinished thought earns nothing).
+- The solution is the text after the first ``</think>`` (up to a second one, as slime's
+  ``response.split("</think>")[1]``); with no ``</think>``, the text after the first
+  ``###Response`` (up to a second); with neither, the reward is 0.0 (an unfinished thought
+  earns nothing).
 - The answer is the last closed ``\\boxed{...}`` of the solution; none (also ``\\fbox``, an
   unclosed box, ``\\boxed 5``) -> 0.0.
 - A label written as ``\\boxed{...}`` is unboxed first; an empty label gives 0.0 (as in slime).
 - 1.0 when answer and label are equivalent, else 0.0.
 
 One deliberate difference: equivalence is ``rlvr.rewards.math.is_equivalent`` (math-verify plus
-our normalisation) instead of DeepScaleR's Hendrycks-string / sympy heuristics. It accepts what
-those accept on ordinary answers; it is more lenient on unreduced fractions (``2/4`` vs ``1/2``,
-which DeepScaleR rejects) and stricter where sympy's ``simplify`` would hang (huge powers).
+the math reward's normalisation and rules, default options) instead of DeepScaleR's
+Hendrycks-string / sympy heuristics. It accepts what those accept on ordinary answers; it is more
+lenient on unreduced fractions (``2/4`` vs ``1/2``, which DeepScaleR rejects), stricter where
+sympy's ``simplify`` would hang (huge powers), and gives 0 to a box that names several answers
+for a single-valued label (``\\boxed{A, C}``, ``\\boxed{12 \\text{ or } 15}``).
 """
 
 from __future__ import annotations
 
-from rlvr.rewards.math import is_equivalent, last_boxed
 from rlvr.rewards.grader import inline
+from rlvr.rewards.math import is_equivalent, last_boxed
+from rlvr.rewards.registry import REWARDS
 from rlvr.types import Sample
 
 
@@ -28,15 +33,18 @@ def solution_part(response: str) -> str | None:
     ' It is \\\\boxed{7}'
     >>> solution_part("<think>3+4 is \\\\boxed{7}") is None
     True
+    >>> solution_part("<think>a</think> b </think> c")
+    ' b '
     """
     if "</think>" in response:
-        return response.rsplit("</think>", 1)[1]
+        return response.split("</think>")[1]
     if "###Response" in response:
         return response.split("###Response")[1]
     return None
 
 
 @inline  # cheap pure CPU: runs on the event-loop thread, where math-verify's alarm works
+@REWARDS.register("deepscaler")
 def deepscaler_reward(sample: Sample) -> float:
     """1.0 when the boxed answer after ``</think>`` equals the label, else 0.0.
 
@@ -58,12 +66,3 @@ def deepscaler_reward(sample: Sample) -> float:
     if answer is None or not label.strip():
         return 0.0
     return 1.0 if is_equivalent(answer, label) else 0.0
-
-
-def _register() -> None:
-    from rlvr.rewards.registry import REWARDS
-
-    REWARDS.register("deepscaler")(deepscaler_reward)
-
-
-_register()

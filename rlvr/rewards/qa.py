@@ -16,6 +16,7 @@ import re
 import string
 
 from rlvr.rewards.grader import inline
+from rlvr.rewards.registry import REWARDS
 from rlvr.types import Sample
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -86,12 +87,14 @@ def f1_score(prediction: str, reference: str) -> float:
 
 
 @inline
+@REWARDS.register("f1")
 def f1_reward(sample: Sample) -> float:
     answer = extract_qa_answer(sample.response)
     return max(f1_score(answer, ref) for ref in _references(sample.label))
 
 
 @inline
+@REWARDS.register("exact_match")
 def exact_match_reward(sample: Sample) -> float:
     """
     >>> exact_match_reward(Sample("", [], label=["Paris", "City of Paris"], response="Answer: paris."))
@@ -105,6 +108,7 @@ _FORMAT = re.compile(r"^\s*<think>(?:(?!</?think>).)*</think>\s*<answer>(?:(?!</
 
 
 @inline
+@REWARDS.register("format")
 def format_reward(sample: Sample) -> float:
     """1.0 when the response is exactly ``<think>...</think><answer>...</answer>`` (whitespace
     allowed between and around), else 0.0. Combine with a correctness reward:
@@ -116,14 +120,3 @@ def format_reward(sample: Sample) -> float:
     0.0
     """
     return 1.0 if _FORMAT.match(sample.response) else 0.0
-
-
-def _register() -> None:
-    from rlvr.rewards.registry import REWARDS
-
-    REWARDS.register("f1")(f1_reward)
-    REWARDS.register("exact_match")(exact_match_reward)
-    REWARDS.register("format")(format_reward)
-
-
-_register()

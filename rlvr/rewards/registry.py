@@ -8,5 +8,7 @@ from typing import Any
 
 from rlvr.registry import Registry
 
+# slime_names last: it registers slime's boxed_* variants of the rewards registered before it.
 REWARDS: Registry[Any] = Registry("reward", flag="--rm-type", builtins=tuple(
-    f"rlvr.rewards.{m}" for m in ("code", "confidence", "dapo", "deepscaler", "math", "qa", "remote")))
+    f"rlvr.rewards.{m}"
+    for m in ("code", "confidence", "dapo", "deepscaler", "math", "qa", "remote", "slime_names")))

@@ -31,6 +31,7 @@ from typing import Any
 import aiohttp
 
 from rlvr.rewards.config import RewardConfig
+from rlvr.rewards.registry import REWARDS
 from rlvr.types import Sample
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,7 @@ def _rewards_of(reply: Any, n: int) -> list:
     return rewards
 
 
+@REWARDS.register("remote_rm")
 class RemoteRM:
     """``--rm-type remote_rm``: rewards from ``--rm-url``, requests batched across samples."""
 
@@ -221,6 +223,7 @@ def load_judge_template(path: str | None) -> str:
     return template
 
 
+@REWARDS.register("judge")
 class Judge:
     """``--rm-type judge``: an LLM grades each response through an OpenAI-compatible endpoint."""
 
@@ -240,13 +243,3 @@ class Judge:
         if not isinstance(text, str):
             raise ValueError(f"judge reply content is not text: {text!r}")
         return {"score": parse_judge_score(text, self.cfg.judge_max_score)}
-
-
-def _register() -> None:
-    from rlvr.rewards.registry import REWARDS
-
-    REWARDS.register("remote_rm")(RemoteRM)
-    REWARDS.register("judge")(Judge)
-
-
-_register()

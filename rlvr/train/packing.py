@@ -13,6 +13,18 @@ to float rounding (tested). Without ``packed_groups`` it *is* SDPA, so a model c
 trainer (e.g. the embedded engine's) generates exactly as before. A single SDPA with a
 block-diagonal mask would also be exact but materialises an N x N mask and N x N scores per head.
 
+Per-layer attention variants follow the layer's own kwargs, as transformers' eager/SDPA paths do:
+``sliding_window`` (Mistral, Qwen2/Gemma layers marked ``sliding_attention``: a key ``window`` or
+more positions behind its query is hidden, by position within the sample) becomes part of each
+slice's mask, and only where the sample is long enough for it to bite; ``softcap`` (Gemma 2's
+``attn_logit_softcapping``) cannot be done by SDPA, so those layers compute explicit scores
+(``capped_attention``, float32 softmax like the eager path) -- packed or not, so the engine's
+copy samples right too. During a packed forward the mask function returns no mask at all, since
+transformers would otherwise build an N x N one for every sliding-window layer. The output layer
+applies ``logit_scale`` (Cohere) and ``final_logit_softcapping`` (Gemma 2/3) before the
+temperature, as the models' own forward does; other logit transforms are refused
+(``UNSUPPORTED_LOGIT_FIELDS``). tests/test_model_matrix.py checks every tiny family.
+
 Padding (``pad``) is kept as the reference layout: right-padded to the longest sample of the
 micro-batch, as the first trainer did and as ``benchmarks/train_throughput.py`` compares against.
 
@@ -22,14 +34,16 @@ softmax run on those rows only, ``chunk_size`` rows at a time (``--log-probs-chu
 autograd each chunk is recomputed in backward, so the full ``[tokens, vocab]`` logits never exist
 at once.
 
-Simplifications: sliding-window attention and logit soft-capping are not supported by the packed
-path (it raises); decoder-only causal LMs only.
+Simplifications: decoder-only causal LMs only; soft-capped layers materialise their scores per
+slice (``SMALL_GROUP`` tokens at most per group call, a prompt or response slice otherwise), as the
+eager path does for the whole sequence; no attention dropout (the trainer's models run in eval mode).
 """
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from functools import partial
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -63,21 +77,82 @@ def group_mask(prompt: int, responses: list[int]) -> torch.Tensor:
     return (pos[None, :] <= pos[:, None]) & ((seg[None, :] == seg[:, None]) | (seg[None, :] == 0))
 
 
+def group_positions(prompt: int, responses: list[int]) -> torch.Tensor:
+    """[L] position ids of one packed group: the prompt from 0, each response continuing from it.
+
+    >>> group_positions(2, [1, 2]).tolist()
+    [0, 1, 2, 2, 3]
+    """
+    return torch.cat([torch.arange(prompt), *(torch.arange(prompt, prompt + r) for r in responses)])
+
+
+def within_window(mask: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """``mask`` [q, k] with every key ``window`` or more positions behind its query hidden: the
+    sliding window of transformers' ``sliding_window_overlay`` (key seen iff q - k < window).
+
+    >>> within_window(torch.ones(1, 4, dtype=torch.bool), torch.tensor([3]), torch.arange(4), 2).int().tolist()
+    [[0, 0, 1, 1]]
+    """
+    if window is None:
+        return mask
+    return mask & ((q_pos[:, None] - k_pos[None, :]) < window)
+
+
+def capped_attention(query, key, value, mask: torch.Tensor, scale: float | None, softcap: float | None):
+    """Attention with explicit scores, for what SDPA cannot do: ``softcap * tanh(s / softcap)`` on
+    the scaled scores s before the mask and softmax (Gemma 2's attention soft-capping), softmax in
+    float32, as transformers' eager attention computes it. q: [B, H, q, D], k/v: [B, Hkv, k, D],
+    ``mask`` broadcastable to [B, H, q, k], bool (True = attend); returns [B, H, q, D]."""
+    n_rep = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(n_rep, dim=1), value.repeat_interleave(n_rep, dim=1)
+    scores = torch.matmul(query, key.transpose(-1, -2)) * (scale if scale is not None else query.shape[-1] ** -0.5)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    # The dtype's minimum, not -inf, as transformers' masks: a row with every key hidden (a left-pad
+    # query in the engine) gets a harmless uniform softmax instead of NaNs that would reach real rows.
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    return torch.matmul(scores.softmax(-1, dtype=torch.float32).to(query.dtype), value)
+
+
+def _unpacked_capped(query, key, value, attention_mask, scaling, softcap):
+    """An ordinary (unpacked) call with soft-capping, e.g. the engine's: the mask is the one
+    ``sdpa_mask`` built (sliding window and padding included); None means SDPA's own causal rule."""
+    q_len, k_len = query.shape[2], key.shape[2]
+    if attention_mask is None:  # transformers' SDPA path: no causal mask for one query, else top-left aligned
+        attention_mask = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device)
+        if q_len > 1:
+            attention_mask = attention_mask.tril()
+    elif attention_mask.dtype != torch.bool:
+        raise TypeError(f"rlvr_varlen: expected a boolean attention mask, got {attention_mask.dtype}")
+    out = capped_attention(query, key, value, attention_mask, scaling, softcap)
+    return out.transpose(1, 2).contiguous(), None
+
+
 def varlen_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """Causal attention within each packed sample. q: [1, H, N, D], k/v: [1, Hkv, N, D];
     returns ([1, N, H, D], None) like transformers' attention functions.
 
     ``packed_groups`` lists ``(prompt_len, [response_len, ...])`` in row order: a prompt attends
     causally to itself; each response attends to its group's prompt and causally to itself, never
-    to another response."""
+    to another response. The layer's ``sliding_window`` (a key ``window`` or more positions back is
+    hidden) and ``softcap`` (attention-score soft-capping) apply as in the model's own attention."""
     groups = kwargs.get("packed_groups")
+    window, softcap = kwargs.get("sliding_window"), kwargs.get("softcap")
     if groups is None:
+        if softcap is not None:
+            return _unpacked_capped(query, key, value, attention_mask, scaling, softcap)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
-    if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
-        raise NotImplementedError("packed attention: sliding-window and soft-capped attention are not supported")
     gqa = getattr(module, "num_key_value_groups", 1) > 1  # SDPA repeats k/v heads itself, no copy
-    sdpa = partial(F.scaled_dot_product_attention, scale=scaling, enable_gqa=gqa)
+
+    def attend(q, k, v, mask=None):  # mask None: plain causal over a square block
+        mask = None if mask is None else mask.to(q.device)
+        if softcap is not None:
+            mask = _bottom_right_causal(q.shape[2], k.shape[2]).to(q.device) if mask is None else mask
+            return capped_attention(q, k, v, mask, scaling, softcap)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scaling,
+                                              enable_gqa=gqa)
+
     # torch.split, not slicing: the backward of a split is one concatenation, while each slice's
     # backward would write a full-size zero gradient (O(samples x tokens) memory traffic).
     whole = [prompt + sum(responses) <= SMALL_GROUP for prompt, responses in groups]
@@ -86,23 +161,41 @@ def varlen_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     pieces = iter(zip(*(t.split(sizes, dim=2) for t in (query, key, value))))
     out = []
     for (prompt, responses), w in zip(groups, whole):
+        # The window bites only if some query is `window` or more positions past a key it sees.
+        win = window if window is not None and prompt + max(responses, default=0) > window else None
         if w:  # one call for the group, its attention pattern as a mask (causal for a lone sample)
             q, k, v = next(pieces)
-            lone = len(responses) == 1
-            out.append(sdpa(q, k, v, is_causal=lone, attn_mask=None if lone else group_mask(prompt, responses)))
+            if len(responses) == 1 and win is None:
+                out.append(attend(q, k, v))
+                continue
+            pos = group_positions(prompt, responses)
+            out.append(attend(q, k, v, within_window(group_mask(prompt, responses), pos, pos, win)))
             continue
         pq, pk, pv = next(pieces)
-        out.append(sdpa(pq, pk, pv, is_causal=True))
+        p_pos = torch.arange(prompt)
+        out.append(attend(pq, pk, pv, None if win is None else within_window(
+            _bottom_right_causal(prompt, prompt), p_pos, p_pos, win)))
         for r in responses:
             q, k, v = next(pieces)
             if r:
-                mask = _bottom_right_causal(r, prompt + r)
-                out.append(sdpa(q, torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2), attn_mask=mask))
+                mask = within_window(_bottom_right_causal(r, prompt + r), torch.arange(prompt, prompt + r),
+                                     torch.arange(prompt + r), win)
+                out.append(attend(q, torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2), mask))
     return torch.cat(out, dim=2).transpose(1, 2).contiguous(), None
 
 
+_PACKED_FORWARD = ContextVar("rlvr_packed_forward", default=False)
+
+
+def varlen_mask(*args, **kwargs):
+    """SDPA's masks for ordinary calls (the engine's, padding and sliding window included); none
+    inside a packed forward, where ``varlen_attention`` builds each sample's pattern itself and a
+    sliding-window layer's N x N mask over the whole row would only cost memory."""
+    return None if _PACKED_FORWARD.get() else sdpa_mask(*args, **kwargs)
+
+
 AttentionInterface.register(ATTN_IMPLEMENTATION, varlen_attention)
-AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)  # unpacked calls: SDPA's own masks
+AttentionMaskInterface.register(ATTN_IMPLEMENTATION, varlen_mask)
 
 
 @dataclass
@@ -206,27 +299,42 @@ def pad(samples: list[Sample]) -> TokenBatch:
     return TokenBatch(ids, attn, positions, *_index(rows))
 
 
-def layout(samples: list[Sample], packed: bool, share_prompts: bool = True) -> TokenBatch:
-    return pack(samples, share_prompts) if packed else pad(samples)
+@dataclass(frozen=True)
+class Layout:
+    """How the trainer lays out a micro-batch (``Trainer(layout=...)``): packed, the default and
+    what runs use (one row, no padding; with ``share_prompts`` a prompt shared by several samples
+    is computed once), or right-padded (``packed=False``), the reference layout that
+    ``benchmarks/train_throughput.py`` measures against. The numbers agree to float rounding
+    (tests/test_packing.py, tests/test_trainer_steps.py); only time and memory differ."""
+
+    packed: bool = True
+    share_prompts: bool = True
+
+    def batch(self, samples: list[Sample]) -> TokenBatch:
+        return pack(samples, self.share_prompts) if self.packed else pad(samples)
 
 
 def response_hidden(base_model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
     """Last hidden states ``[M, H]`` at the positions that predict the M response tokens."""
-    hidden = base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                        position_ids=batch.position_ids, **batch.model_kwargs).last_hidden_state
+    token = _PACKED_FORWARD.set("packed_groups" in batch.model_kwargs)
+    try:
+        hidden = base_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                            position_ids=batch.position_ids, **batch.model_kwargs).last_hidden_state
+    finally:
+        _PACKED_FORWARD.reset(token)
     return hidden.reshape(-1, hidden.shape[-1])[batch.src]
 
 
-def _chunk_log_probs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
-                     with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunk_log_probs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor,
+                     temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
     logp = (head(hidden).float() / temperature).log_softmax(-1)
     picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     entropy = -(logp.exp() * logp).sum(-1) if with_entropy else picked.new_zeros(0)
     return picked, entropy
 
 
-def token_log_probs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
-                    with_entropy: bool, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+def token_log_probs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor,
+                    temperature: float, with_entropy: bool, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log softmax(head(hidden) / T)[target] ``[M]`` and, optionally, the entropy ``[M]`` of each
     row's distribution, ``chunk_size`` rows at a time (recomputed in backward under autograd)."""
     picked, entropy = [], []
@@ -249,13 +357,39 @@ def to_rows(values: torch.Tensor, batch: TokenBatch, n_rows: int, width: int) ->
     return values.new_zeros(n_rows, width).index_put((batch.rows, batch.cols), values)
 
 
-def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """The causal LM's base model (returns hidden states) and its output layer."""
+class OutputLayer(torch.nn.Module):
+    """The causal LM's logits as its own ``forward`` computes them from the last hidden state, in
+    float32: ``lm_head(h)``, times ``logit_scale`` (Cohere), then ``cap * tanh(logits / cap)``
+    with ``cap = final_logit_softcapping`` (Gemma 2/3) -- before any temperature, as in
+    ``Gemma2ForCausalLM.forward`` followed by generation's temperature warper."""
+
+    def __init__(self, head: torch.nn.Module, scale: float | None = None, softcap: float | None = None):
+        super().__init__()
+        self.head, self.scale, self.softcap = head, scale, softcap
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.head(hidden).float()
+        if self.scale is not None:
+            logits = logits * self.scale
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+
+# Config fields that change the logits in some causal LM's forward and that OutputLayer does not
+# apply: a model with one of them set is refused rather than given wrong log-probs.
+UNSUPPORTED_LOGIT_FIELDS = ("logits_scaling", "output_multiplier", "lm_head_multiplier")
+
+
+def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, OutputLayer]:
+    """The causal LM's base model (returns hidden states) and its output layer (float32 logits)."""
     config = model.config
-    for name in ("final_logit_softcapping", "logit_scale"):
-        if getattr(config, name, None) not in (None, 1.0):
+    for name in UNSUPPORTED_LOGIT_FIELDS:
+        if getattr(config, name, None) not in (None, 1, 1.0):
             raise NotImplementedError(f"{type(model).__name__}: {name} is not supported by the trainer's log-probs")
-    return getattr(model, model.base_model_prefix), model.get_output_embeddings()
+    head = OutputLayer(model.get_output_embeddings(), getattr(config, "logit_scale", None),
+                       getattr(config, "final_logit_softcapping", None))
+    return getattr(model, model.base_model_prefix), head
 
 
 def response_log_probs(model: torch.nn.Module, samples: list[Sample], temperature: float, width: int,
@@ -268,7 +402,7 @@ def response_log_probs(model: torch.nn.Module, samples: list[Sample], temperatur
         raise ValueError(f"response_log_probs needs a model loaded with attn_implementation={ATTN_IMPLEMENTATION!r} "
                          f"(rlvr.train.trainer.load_policy); this one uses {model.config._attn_implementation!r}")
     base, head = decoder_and_head(model)
-    batch = layout(samples, packed, share_prompts)
+    batch = Layout(packed, share_prompts).batch(samples)
     lp, ent = token_log_probs(head, response_hidden(base, batch), batch.targets, temperature, with_entropy, chunk_size)
     rows = lambda v: to_rows(v, batch, len(samples), width)  # noqa: E731
     return rows(lp), (rows(ent) if ent is not None else None)

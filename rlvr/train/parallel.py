@@ -1,6 +1,10 @@
-"""Data parallelism for the trainer: one rank of a torch.distributed group, DDP or FSDP2.
+"""Data parallelism for the trainer: one rank of a torch.distributed group (DDP or FSDP2), or
+one process alone.
 
-The trainer stays the single-process trainer; it asks this object five things (STYLE point 7):
+The trainer is written once, for a strategy object it asks these things (STYLE point 7);
+``SingleProcess`` answers them for one process (the whole batch, nothing to synchronise: every run
+outside ``--ray``, and the PPO critic, which config validation keeps out of ``--ray``), and
+``DataParallel`` for one rank:
 
 * ``wrap(model)`` -> the module its policy forwards go through: ``LogProbModule`` (the packed
   log-prob forward as one ``forward``, so DDP's and FSDP2's forward hooks run; the trainer's
@@ -44,6 +48,44 @@ class LogProbModule(torch.nn.Module):
                 share_prompts: bool):
         return response_log_probs(self.model, samples, temperature, width, with_entropy, chunk, packed=packed,
                                   share_prompts=share_prompts)
+
+
+class SingleProcess:
+    """One process, the whole batch: the strategy with nothing to share or synchronise."""
+
+    rank, world_size, loss_scale = 0, 1, 1.0
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        return LogProbModule(model)
+
+    def no_sync(self, wrapped: torch.nn.Module, last: bool):
+        return contextlib.nullcontext()
+
+    def share(self, idx: list[int], lengths: list[int]) -> list[int]:
+        return idx
+
+    def agree_count(self, n: int) -> int:
+        return n
+
+    def all_reduce_sum_(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def sum_metrics(self, totals: dict[str, float]) -> dict[str, float]:
+        return totals
+
+    def full_weights(self, wrapped: torch.nn.Module, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        return {n: p.detach() for n, p in model.named_parameters()}
+
+    def full_state_dict(self, wrapped: torch.nn.Module, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+        return None  # save_pretrained reads the model itself
+
+    def optimizer_state(self, wrapped: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+        return optimizer.state_dict()
+
+    def load(self, wrapped: torch.nn.Module, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             model_state: dict, optimizer_state: dict) -> None:
+        model.load_state_dict(model_state)
+        optimizer.load_state_dict(optimizer_state)
 
 
 class DataParallel:
@@ -145,3 +187,6 @@ class DataParallel:
         options = StateDictOptions(full_state_dict=True)
         set_model_state_dict(wrapped, {"model." + k: v for k, v in model_state.items()}, options=options)
         set_optimizer_state_dict(wrapped, optimizer, optimizer_state, options=options)
+
+
+Parallel = SingleProcess | DataParallel  # what the trainer and ``step.Learner`` accept

@@ -1,0 +1,63 @@
+"""The actor's per-token loss: policy loss, train-inference corrections, entropy bonus, KL loss.
+
+Contract: ``actor_loss(...) -> (loss [B, T], metrics)``, every metric a per-token [B, T] tensor;
+the caller aggregates loss and metrics with one mask and the global batch's normaliser
+(``aggregate_loss``), so nothing here masks or reduces. The composition follows slime's
+``policy_loss_function`` (seed 000 §2.5, seed 002):
+
+    pg_loss = POLICY_LOSSES[policy_loss_name(cfg)](p_theta, p0, A)     (ppo, gspo, cispo, reinforce)
+    pg_loss = apply_corrections(pg_loss, ...)                           (OPSM, then TIS / ICE-POP)
+    loss    = pg_loss - entropy_coef * entropy + kl_loss_coef * KL(p_theta || p_ref)
+
+The KL term is computed (and reported as ``kl_loss``) whenever reference log-probs are given, and
+added to the loss only with ``--use-kl-loss``; ``--use-unbiased-kl`` weights it by
+``p_theta / p0`` (DeepSeek-V3.2), that ratio not detached, as slime.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from rlvr.algo.corrections import apply_corrections
+from rlvr.algo.kl import compute_approx_kl
+from rlvr.algo.policy_loss import POLICY_LOSSES, policy_loss_name
+
+if TYPE_CHECKING:
+    from rlvr.algo.config import AlgoConfig
+
+
+def actor_loss(
+    log_probs: Tensor,
+    entropy: Tensor,
+    old_log_probs: Tensor,
+    rollout_log_probs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    ref_log_probs: Tensor | None,
+    cfg: AlgoConfig,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The per-token loss to minimise for the policy, and its per-token metrics.
+
+    Args: all [B, T]: ``log_probs`` p_theta (carries the gradient), ``entropy`` of p_theta per
+    position, ``old_log_probs`` p0, ``rollout_log_probs`` q (read by TIS only), ``advantages``,
+    ``loss_mask`` (OPSM and GSPO read it), ``ref_log_probs`` (None: no KL term at all).
+    Returns: (loss [B, T], metrics: ``pg_loss``, ``entropy_loss``, the policy loss's
+    ``pg_clipfrac`` / ``ppo_kl``, the corrections' metrics, ``kl_loss`` with a reference).
+    """
+    pg_loss, metrics = POLICY_LOSSES[policy_loss_name(cfg)](log_probs, old_log_probs, advantages, loss_mask, cfg)
+    if cfg.use_tis or cfg.use_opsm:  # train-inference corrections (seed 002): p0 / q weights, OPSM
+        pg_loss, extra = apply_corrections(pg_loss, log_probs, old_log_probs, rollout_log_probs, advantages,
+                                           loss_mask, cfg)
+        metrics |= extra
+    loss = pg_loss - cfg.entropy_coef * entropy if cfg.entropy_coef else pg_loss
+    metrics = {"pg_loss": pg_loss, "entropy_loss": entropy, **metrics}
+    if ref_log_probs is not None:
+        ratio = torch.exp(log_probs - old_log_probs) if cfg.use_unbiased_kl else None
+        kl = compute_approx_kl(log_probs, ref_log_probs, cfg.kl_loss_type, importance_ratio=ratio)
+        if cfg.use_kl_loss:
+            loss = loss + cfg.kl_loss_coef * kl
+        metrics["kl_loss"] = kl
+    return loss, metrics

@@ -1,0 +1,55 @@
+"""``EngineConfig``: which inference engines sample the rollouts and how they are supervised (the
+``engine`` group of the typed config).
+
+Local mode samples with the embedded engine in the training process, unless
+``--rollout-external-engine-addrs`` names SGLang-protocol servers (``HttpEngine``), or
+``--rollout-num-engines`` > 1 / ``--use-fault-tolerance`` asks for ``rlvr serve`` processes under the
+engine supervisor (``rlvr.engine.supervisor``). Under ``--ray`` the engines are actors, supervised
+by the same supervisor with ``--use-fault-tolerance``. The supervisor takes this group whole
+(``EngineSupervisor.settings``), not fields unpacked by the caller. Flag names are slime's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlvr.errors import ConfigError
+from rlvr.fields import check_bounds
+from rlvr.fields import option as _f
+
+
+@dataclass
+class EngineConfig:
+    """Inference engines: embedded, external servers, or supervised processes / actors."""
+
+    rollout_max_running_requests: int = _f(256, "embedded engine: responses decoded together (batch slots)", ge=1)
+    rollout_external_engine_addrs: list[str] = _f([], "host:port of SGLang-protocol servers (rlvr serve, SGLang) instead of the embedded engine")
+    rollout_external_engine_timeout: float = _f(600.0, "seconds one request may take on an external engine before it is retried elsewhere", gt=0)
+    rollout_external_engine_retries: int = _f(2, "retries of a request on another external engine after its server failed", ge=0)
+    rollout_num_engines: int = _f(
+        1, "rollout engines on CPU (on GPUs: --rollout-num-gpus / --rollout-num-gpus-per-engine); Ray actors under --ray, "
+           "server processes in local mode when > 1 or with --use-fault-tolerance", ge=1
+    )
+    use_fault_tolerance: bool = _f(
+        False, "health-check the engine server processes (engine actors under --ray); restart a dead or hung one, push it the weights, re-issue its requests"
+    )
+    rollout_health_check_interval: float = _f(5.0, "--use-fault-tolerance: seconds between two /health probes of an engine", gt=0)
+    rollout_health_check_timeout: float = _f(
+        10.0, "--use-fault-tolerance: an engine whose /health has not answered within this many seconds is killed and restarted", gt=0
+    )
+    rollout_max_engine_restarts: int = _f(3, "--use-fault-tolerance: an engine restarted this many times is removed (the run goes on with the others)", ge=0)
+
+    def validate(self) -> None:
+        check_bounds(self)  # the ranges declared on the fields
+        for addr in self.rollout_external_engine_addrs:
+            host, sep, port = addr.rpartition(":")
+            if not (sep and host and port.isdigit()):
+                raise ConfigError("--rollout-external-engine-addrs", f"{addr!r} is not host:port (e.g. 127.0.0.1:30000)")
+        if self.use_fault_tolerance and self.rollout_external_engine_addrs:
+            raise ConfigError("--use-fault-tolerance", "restarts the engine processes rlvr launches itself; it cannot restart "
+                              "--rollout-external-engine-addrs servers (drop one of the two)")
+
+    @property
+    def uses_engine_processes(self) -> bool:
+        """Local mode launches ``rlvr serve`` processes (instead of the embedded engine)."""
+        return not self.rollout_external_engine_addrs and (self.rollout_num_engines > 1 or self.use_fault_tolerance)
