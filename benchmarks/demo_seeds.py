@@ -47,13 +47,49 @@ def run_seed(seed: str, fresh: bool) -> dict:
             "line": match.group(0)}
 
 
+def run_dir(seed: str) -> Path:
+    return ROOT / ("runs/arith-grpo" if seed == "default" else f"runs/arith-grpo-seed-{seed}")
+
+
+def plot(seeds: list[str], out: Path) -> Path:
+    """Held-out (and validation) accuracy vs rollout, one line per seed's GRPO run."""
+    sys.path.insert(0, str(ROOT))
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from rlvr.observe import read_metrics
+
+    fig = Figure(figsize=(6.4, 4.0))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for seed in seeds:
+        evals = [r for r in read_metrics(run_dir(seed)) if "eval/step" in r]
+        line, = ax.plot([r["eval/step"] for r in evals], [r["eval/arith/score"] for r in evals], marker="o",
+                        label=f"seed {seed}: held-out test")
+        if "eval/val/score" in evals[0]:
+            ax.plot([r["eval/step"] for r in evals], [r["eval/val/score"] for r in evals], ls=":",
+                    color=line.get_color(), label=f"seed {seed}: validation")
+    ax.set_xlabel("GRPO rollout")
+    ax.set_ylabel("accuracy (greedy, 500 problems)")
+    ax.set_title("make demo: GRPO from the early-stopped SFT bootstrap", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", nargs="+", default=["default", "1", "2", "3"])
     ap.add_argument("--fresh", action="store_true", help="rebuild each seed's bootstrap (timed with the demo)")
+    ap.add_argument("--png", default=None, help="also plot accuracy vs rollout of the seeds' runs here")
+    ap.add_argument("--plot-only", action="store_true", help="plot the runs already there; run nothing")
     args = ap.parse_args()
-    for seed in args.seeds:
+    for seed in [] if args.plot_only else args.seeds:
         print(json.dumps(run_seed(seed, args.fresh)), flush=True)
+    if args.png:
+        print(f"plot: {plot(args.seeds, Path(args.png))}")
 
 
 if __name__ == "__main__":

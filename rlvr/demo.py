@@ -92,7 +92,14 @@ def main(argv: list[str] | None = None) -> str:
 
     p = argparse.ArgumentParser(prog="rlvr demo", description="the arithmetic demo end to end")
     p.add_argument("--seed", type=int, default=None, help="seed of the bootstrap and of GRPO (default: the YAMLs')")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, see below)")
     a, extra = p.parse_known_args(argv or [])
+    # One thread by default: float results then do not depend on the machine's core count, and on a
+    # shared 2-core machine two threads per process thrash (an SFT step measured 12.7 s with 2
+    # threads at load ~17 vs 0.6 s with 1 thread at load ~8; ~0.1 s either way on a quiet machine).
+    import torch
+
+    torch.set_num_threads(a.threads)
     t0 = time.perf_counter()
     prepare_assets(seed=a.seed)
     boot = json.loads((sft_dir(a.seed) / BOOTSTRAP_FILE).read_text())
