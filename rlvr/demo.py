@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> str:
     a, extra = p.parse_known_args(argv or [])
     # One thread by default: float results then do not depend on the machine's core count, and on a
     # shared 2-core machine two threads per process thrash (an SFT step measured 12.7 s with 2
-    # threads at load ~17 vs 0.6 s with 1 thread at load ~8; ~0.1 s either way on a quiet machine).
+    # threads at load ~17, 0.6 s with 1 thread at load ~8-15; ~0.1 s with 2 threads on a quiet machine).
     import torch
 
     torch.set_num_threads(a.threads)
