@@ -120,8 +120,9 @@ def _make_arith_data(argv: list[str]) -> None:
     p.add_argument("out_dir")
     p.add_argument("--n-test", type=int, default=500)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--n-val", type=int, default=0, help="also write val.jsonl: this many problems cut from train")
     a = p.parse_args(argv)
-    print(*write_splits(a.out_dir, n_test=a.n_test, seed=a.seed))
+    print(*write_splits(a.out_dir, n_val=a.n_val, n_test=a.n_test, seed=a.seed))
 
 
 COMMANDS = {
@@ -133,7 +134,7 @@ COMMANDS = {
     "export": (_export, "write a plain HF checkpoint from a training checkpoint"),
     "demo": (_demo, "the arithmetic demo end to end (what `make demo` runs)"),
     "make-tiny-model": (_make_tiny_model, "write a tiny random HF causal LM + tokenizer"),
-    "make-arith-data": (_make_arith_data, "write the arithmetic task's train/test JSONL"),
+    "make-arith-data": (_make_arith_data, "write the arithmetic task's train/test (and --n-val: val) JSONL"),
 }
 
 

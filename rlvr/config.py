@@ -189,6 +189,9 @@ class EvalConfig:
     skip_eval_before_train: bool = _f(False, "do not evaluate the starting checkpoint")
     eval_top_p: float | None = _f(None, "nucleus mass in eval; default --rollout-top-p (1 when greedy)", gt=0, le=1)
     eval_top_k: int | None = _f(None, "top-k in eval; default --rollout-top-k (off when greedy)")
+    sft_stop_score: float | None = _f(
+        None, "rlvr sft: stop at the first evaluation (every --eval-interval steps) whose score on the first "
+              "--eval-prompt-data set is >= this; off when unset", ge=0)
 
     def datasets(self) -> list[tuple[str, str]]:
         """(name, path) pairs from ``--eval-prompt-data``."""

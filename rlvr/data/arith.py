@@ -7,7 +7,10 @@ first need carry look-ahead, which a tiny model only half-learns from a short SF
 reward variance to work with.
 
 Splits are disjoint by construction: every (a, op, b) triple is enumerated, shuffled with a
-fixed seed, and cut into held-out and train parts.
+fixed seed, and cut into held-out (test) and train parts; ``write_splits`` then cuts a validation
+split off the front of the train part (``val.jsonl``: what recipes, early stopping and other
+choices are made on, so the test split is only ever used to report). The test split is the same
+500 problems whether or not a validation split is cut.
 """
 
 from __future__ import annotations
@@ -51,7 +54,20 @@ def write_jsonl(rows: list[dict], path: str | Path) -> Path:
     return path
 
 
-def write_splits(out_dir: str | Path, **kwargs) -> tuple[Path, Path]:
+def split_validation(train: list[dict], n_val: int) -> tuple[list[dict], list[dict]]:
+    """(train, validation): the first ``n_val`` training problems become the validation split."""
+    if n_val >= len(train):
+        raise ValueError(f"n_val={n_val} leaves no training problems (only {len(train)})")
+    return train[n_val:], train[:n_val]
+
+
+def write_splits(out_dir: str | Path, n_val: int = 0, **kwargs) -> tuple[Path, ...]:
+    """``train.jsonl`` and ``test.jsonl`` in ``out_dir``, and ``val.jsonl`` when ``n_val`` > 0;
+    returns their paths (train, test[, val])."""
     train, test = make_splits(**kwargs)
     out = Path(out_dir)
-    return write_jsonl(train, out / "train.jsonl"), write_jsonl(test, out / "test.jsonl")
+    if not n_val:
+        return write_jsonl(train, out / "train.jsonl"), write_jsonl(test, out / "test.jsonl")
+    train, val = split_validation(train, n_val)
+    return (write_jsonl(train, out / "train.jsonl"), write_jsonl(test, out / "test.jsonl"),
+            write_jsonl(val, out / "val.jsonl"))
