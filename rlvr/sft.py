@@ -14,9 +14,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from rlvr.build import build_engine, load_tokenizer, make_rollout, open_training_data, read_eval_sets, save_hf
+from rlvr.build import load_tokenizer, open_training_data, read_eval_sets, save_hf
 from rlvr.config import Config
 from rlvr.data.dataset import DataSource, PromptRecord, render_prompt
+from rlvr.evaluate import evaluate_model
 from rlvr.observe import ConsoleProgress, MetricsLogger
 from rlvr.observe.run_files import prepare_run_dir
 from rlvr.train.trainer import Trainer
@@ -50,13 +51,8 @@ class SftEvaluator:
         return bool(self.sets) and bool(interval) and step % interval == 0
 
     def __call__(self, step: int) -> dict[str, float]:
-        t0, metrics = time.perf_counter(), {}
-        engine = build_engine(self.cfg, self.trainer.model, self.tokenizer)
-        try:
-            for name, records in self.sets.items():
-                metrics |= make_rollout(self.cfg, engine, self.tokenizer, records).evaluate(name, records, self.cfg.eval)
-        finally:
-            getattr(engine, "close", lambda: None)()
+        t0 = time.perf_counter()
+        metrics = evaluate_model(self.cfg, self.trainer.model, self.tokenizer, self.sets)
         return metrics | {"perf/eval_time": time.perf_counter() - t0}
 
     def score(self, metrics: dict[str, float]) -> float:

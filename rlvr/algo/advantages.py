@@ -105,8 +105,7 @@ def load_custom_estimator(path: str) -> str:
 
 def estimator_of(cfg: AlgoConfig) -> Estimator:
     """The estimator a config names (after importing ``--custom-advantage-function-path``)."""
-    if cfg.custom_advantage_function_path is not None:
-        cfg.advantage_estimator = load_custom_estimator(cfg.custom_advantage_function_path)
+    cfg.load_plugins()
     return ADVANTAGES[cfg.advantage_estimator]
 
 
