@@ -118,7 +118,8 @@ def build_engine(cfg: Config, model, tokenizer):
     from rlvr.engine.embedded import EmbeddedEngine
 
     return EmbeddedEngine(model, pad_token_id=tokenizer.pad_token_id, seed=cfg.train.seed,
-                          max_batch_size=r.rollout_max_running_requests, tokenizer=tokenizer)
+                          max_batch_size=r.rollout_max_running_requests, tokenizer=tokenizer,
+                          return_routed_experts=cfg.train.use_rollout_routing_replay)
 
 
 def check_fits_micro_batch(cfg: Config, records: PromptDataset) -> None:

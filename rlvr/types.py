@@ -40,6 +40,8 @@ class Sample:
     status: Status = Status.COMPLETED
     weight_versions: list[int] = field(default_factory=list)  # version that produced each token
     train_metadata: dict = field(default_factory=dict)  # per-sample values that reach the loss
+    # R3: the engine's routed experts, [len(prompt) + len(response) - 1, MoE layers, top-k] (uint8/int16)
+    rollout_routed_experts: torch.Tensor | None = None
     uid: str = ""  # "<draw>/<j>": the j-th response to the prompt drawn <draw>-th from the data source (ledger)
 
     @property

@@ -66,6 +66,9 @@ class GenerateResult:
     weight_version: int  # version of the last token (the engine's version when none was sampled)
     meta: dict = field(default_factory=dict)
     weight_versions: list[int] = field(default_factory=list)  # one per token in token_ids
+    # R3: [len(prompt) + len(token_ids) - 1, MoE layers, k] expert ids the router chose at every
+    # position the engine ran (the last sampled token is never fed); None unless asked for
+    routed_experts: torch.Tensor | None = None
 
 
 class Engine(Protocol):

@@ -280,6 +280,8 @@ class Rollout:
         s.rollout_log_probs = s.rollout_log_probs + list(r.log_probs)
         s.loss_mask = s.loss_mask + [1] * len(r.token_ids)
         s.weight_versions = s.weight_versions + (list(r.weight_versions) or [r.weight_version] * len(r.token_ids))
+        if r.routed_experts is not None:  # R3: the call ran the whole sequence (a resumed prefix included)
+            s.rollout_routed_experts = r.routed_experts
         s.status = _FINISH_STATUS.get(r.finish_reason, Status.FAILED)
         s.response = self.tokenizer.decode(s.response_ids, skip_special_tokens=True)
         if r.finish_reason == "error":

@@ -52,6 +52,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from rlvr.train.routing_replay import set_replay_plan
 from rlvr.types import Sample
 
 ATTN_IMPLEMENTATION = "rlvr_varlen"
@@ -215,6 +216,9 @@ class TokenBatch:
     rows: torch.Tensor
     cols: torch.Tensor
     model_kwargs: dict = field(default_factory=dict)
+    # [slots, 2] long: (sample index, position in that sample's prompt + response) of every input
+    # position, (-1, -1) for padding; what routing replay (rlvr.train.routing_replay) aligns by
+    origin: torch.Tensor | None = None
 
     @property
     def slots(self) -> int:
@@ -258,11 +262,12 @@ def pack(samples: list[Sample], share_prompts: bool = True) -> TokenBatch:
         by_prompt.setdefault(tuple(s.prompt_ids) if share_prompts else (i,), []).append(i)
     ids: list[int] = []
     positions: list[int] = []
-    groups, index = [], []
+    groups, index, origin = [], [], []
     for members in by_prompt.values():
         prompt = samples[members[0]].prompt_ids
         ids += prompt
         positions += range(len(prompt))
+        origin += [(members[0], p) for p in range(len(prompt))]
         prompt_last = len(ids) - 1
         inputs = []
         for i in members:
@@ -271,13 +276,15 @@ def pack(samples: list[Sample], share_prompts: bool = True) -> TokenBatch:
             # A response's last token predicts nothing that is scored: it is a target, never an input.
             ids += resp[:-1]
             positions += range(len(prompt), len(prompt) + len(resp) - 1)
+            origin += [(i, p) for p in range(len(prompt), len(prompt) + len(resp) - 1)]
             inputs.append(max(len(resp) - 1, 0))
         groups.append((len(prompt), inputs))
     row = torch.tensor([ids], dtype=torch.long)
     # An all-ones 2D mask turns off transformers' packed-sequence detection (which would build an
     # N x N mask); the layout reaches the attention function as packed_groups.
     return TokenBatch(row, torch.ones_like(row), torch.tensor([positions], dtype=torch.long),
-                      *_index(sorted(index, key=lambda x: x[1])), model_kwargs={"packed_groups": groups})
+                      *_index(sorted(index, key=lambda x: x[1])), model_kwargs={"packed_groups": groups},
+                      origin=torch.tensor(origin, dtype=torch.long).reshape(-1, 2))
 
 
 def pad(samples: list[Sample]) -> TokenBatch:
@@ -296,7 +303,10 @@ def pad(samples: list[Sample]) -> TokenBatch:
     positions = torch.arange(width).expand(len(samples), width)
     rows = [(i * width + len(s.prompt_ids), i, i * width + len(s.prompt_ids) - 1, s.response_ids)
             for i, s in enumerate(samples)]
-    return TokenBatch(ids, attn, positions, *_index(rows))
+    real = attn.bool().reshape(-1)
+    origin = torch.stack([torch.arange(len(samples)).repeat_interleave(width), positions.reshape(-1)], dim=1)
+    origin[~real] = -1
+    return TokenBatch(ids, attn, positions, *_index(rows), origin=origin)
 
 
 @dataclass(frozen=True)
@@ -403,6 +413,7 @@ def response_log_probs(model: torch.nn.Module, samples: list[Sample], temperatur
                          f"(rlvr.train.trainer.load_policy); this one uses {model.config._attn_implementation!r}")
     base, head = decoder_and_head(model)
     batch = Layout(packed, share_prompts).batch(samples)
+    set_replay_plan(model, batch, samples)  # R3: the engine's experts at every position (no-op otherwise)
     lp, ent = token_log_probs(head, response_hidden(base, batch), batch.targets, temperature, with_entropy, chunk_size)
     rows = lambda v: to_rows(v, batch, len(samples), width)  # noqa: E731
     return rows(lp), (rows(ent) if ent is not None else None)

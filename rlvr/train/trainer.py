@@ -60,6 +60,7 @@ from rlvr.algo import (
 )
 from rlvr.config import TrainConfig
 from rlvr.testing import hook_loss, trainer_seam
+from rlvr.train import routing_replay
 from rlvr.train.batching import first_fit_decreasing, fixed_size, micro_batches, pad_right
 from rlvr.train.critic import CriticTrainer
 from rlvr.train.guard import BadStepGuard
@@ -156,6 +157,8 @@ class Trainer:
         if needs_ref:
             ref = load_policy(train.ref_load, train.bf16) if train.ref_load else copy.deepcopy(self.model)
             self.ref_model = ref.requires_grad_(False)
+        # R3: policy and reference forwards use the engine's experts (routing_replay.py)
+        self.routing_replay = routing_replay.install(self.model, self.ref_model) if train.use_rollout_routing_replay else []
         if train.recompute_activations:
             enable_recompute(self.model)
         # Policy forwards go through the strategy's module (under --ray: DDP/FSDP2-wrapped, one rank).
@@ -303,6 +306,8 @@ class Trainer:
         metrics["perf/train_time"] = seconds
         metrics["perf/train_tokens_per_s"] = sum(batch.samples[i].total_length for i in batch.kept) / seconds
         metrics["perf/peak_memory_gb"] = peak_memory_gb()
+        if self.routing_replay:
+            metrics |= routing_replay.rollout_metrics(self.routing_replay[0], batch.samples)
         return metrics
 
     # ---- internals -------------------------------------------------------------------------
