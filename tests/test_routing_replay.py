@@ -140,3 +140,44 @@ def test_two_rollouts_with_routing_replay(tiny_moe, arith_files, tmp_path):
     assert [r["train/step"] for r in train] == [1, 2]
     for r in train:  # same precision: the trainer's own routing agrees with the engine's
         assert r["train/routing_replay_differ_frac"] == 0.0 and r["train/routing_replay_bytes"] > 0
+
+
+def test_routed_experts_over_http(tiny_moe):
+    # rlvr serve's /generate returns them as SGLang does (base64 int32); HttpEngine carries them.
+    import asyncio
+    import socket
+    import threading
+
+    from aiohttp import web
+
+    from rlvr.data.tokenizer import load_tokenizer
+    from rlvr.engine.client import HttpEngine
+    from rlvr.engine.server import Server
+
+    tokenizer = load_tokenizer(str(tiny_moe))
+    engine = EmbeddedEngine(str(tiny_moe), pad_token_id=256, return_routed_experts=True, tokenizer=tokenizer)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(Server(engine, tokenizer, "moe").app())
+
+    async def start():
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    asyncio.run_coroutine_threadsafe(start(), loop).result(30)
+    try:
+        req = GenerateRequest([5, 6, 7], SamplingParams(max_new_tokens=5, seed=3))
+        (res,) = asyncio.run(HttpEngine([f"127.0.0.1:{port}"], routed_experts_top_k=2).generate([req]))
+        (direct,) = engine.generate_sync([req])
+        assert res.token_ids == direct.token_ids
+        assert res.routed_experts.shape == (3 + len(res.token_ids) - 1, 2, 2)
+        assert torch.equal(res.routed_experts, direct.routed_experts)
+        (plain,) = asyncio.run(HttpEngine([f"127.0.0.1:{port}"]).generate([req]))
+        assert plain.routed_experts is None
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        engine.close()

@@ -37,6 +37,7 @@ from aiohttp import web
 from safetensors.torch import load_file
 
 from rlvr.engine.base import GenerateRequest, GenerateResult, SamplingParams
+from rlvr.engine.client import encode_routed_experts
 from rlvr.engine.embedded import EmbeddedEngine
 
 log = logging.getLogger(__name__)
@@ -149,6 +150,8 @@ class Server:
         n = _field(sps[0], "n", int, 1) if sps else 1
         rids = body.get("rid")
         rids = rids if isinstance(rids, list) else [rids] * len(prompts)
+        if body.get("return_routed_experts") and self.engine.routing is None:
+            raise BadRequest("'return_routed_experts' needs a server started with --enable-return-routed-experts")
         reqs = [
             GenerateRequest(p, sp, rid=(f"{rid}" if n == 1 else f"{rid}-{k}") if rid else uuid.uuid4().hex)
             for p, sp, rid in zip(prompts, params, rids, strict=True) for k in range(n)
@@ -156,6 +159,10 @@ class Server:
         results = await self.engine.generate(reqs)
         want_logprob = bool(body.get("return_logprob", False))
         out = [self._sglang_output(req, res, want_logprob) for req, res in zip(reqs, results, strict=True)]
+        if body.get("return_routed_experts"):  # R3, as SGLang: base64 int32 [prompt + output - 1, layers, k]
+            for o, res in zip(out, results, strict=True):
+                if res.routed_experts is not None:
+                    o["meta_info"]["routed_experts"] = encode_routed_experts(res.routed_experts)
         return web.json_response(out if batch or n > 1 else out[0])
 
     def _sglang_output(self, req: GenerateRequest, res: GenerateResult, want_logprob: bool) -> dict:
@@ -385,6 +392,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--max-running-requests", type=int, default=256, help="rows decoded together (batch slots)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling stream")
     p.add_argument("--served-model-name", default=None, help="model name in OpenAI responses; default the path")
+    p.add_argument("--enable-return-routed-experts", action="store_true",
+                   help="MoE: record each position's routed experts; a /generate with return_routed_experts gets them (R3)")
     a = p.parse_args(argv)
     if not (Path(a.hf_checkpoint) / "config.json").is_file():
         raise ConfigError("--hf-checkpoint", f"{a.hf_checkpoint} has no config.json; point it at a HF model directory")
@@ -392,7 +401,8 @@ def main(argv: list[str]) -> None:
         raise ConfigError("--max-running-requests", f"must be >= 1, got {a.max_running_requests}")
     tokenizer = load_tokenizer(a.hf_checkpoint)
     engine = EmbeddedEngine(a.hf_checkpoint, pad_token_id=tokenizer.pad_token_id, seed=a.seed,
-                            max_batch_size=a.max_running_requests, tokenizer=tokenizer)
+                            max_batch_size=a.max_running_requests, tokenizer=tokenizer,
+                            return_routed_experts=a.enable_return_routed_experts)
     server = Server(engine, tokenizer, a.served_model_name or a.hf_checkpoint)
     print(f"rlvr serve: {a.hf_checkpoint} on http://{a.host}:{a.port}", flush=True)
     web.run_app(server.app(), host=a.host, port=a.port, print=None)
