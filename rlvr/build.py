@@ -94,6 +94,8 @@ def make_rollout(cfg: Config, engine, tokenizer, records) -> Rollout:
         from rlvr.agents.hooks import Agent
 
         rollout.agent = Agent(cfg, engine, tokenizer, rollout)
+    if cfg.algo.use_score_centering:  # the sampler's head the SC loss reads
+        rollout.top_logprobs_num = cfg.algo.score_centering_top_k
     return rollout
 
 

@@ -381,6 +381,9 @@ class Config:
         for name in ("ref_load", "ref_update_interval"):
             if getattr(self.train, name) is not None and not uses_ref:
                 raise ConfigError(flag_of(name), "does nothing without a KL term; add --use-kl-loss or --kl-coef, or unset it")
+        if self.algo.use_score_centering and (self.rollout.rollout_top_p != 1 or self.rollout.rollout_top_k != -1):
+            raise ConfigError("--use-score-centering", "needs the untruncated sampling distribution (its head is q's top-k "
+                              "of the full vocabulary): set --rollout-top-p 1 --rollout-top-k -1")
         self._validate_estimator()
         return self
 

@@ -58,6 +58,8 @@ def sglang_payload(req: GenerateRequest, rid: str, routed_experts: bool = False)
     if p.seed is not None:
         sp["sampling_seed"] = p.seed
     payload = {"input_ids": req.prompt_ids, "sampling_params": sp, "return_logprob": True, "rid": rid}
+    if p.top_logprobs_num:  # score centering's head of q
+        payload["top_logprobs_num"] = p.top_logprobs_num
     if routed_experts:  # R3; the server must run with --enable-return-routed-experts
         payload["return_routed_experts"] = True
     return payload
@@ -89,8 +91,10 @@ def parse_output(req: GenerateRequest, out: dict, routed_experts_top_k: int = 0)
     routes = None
     if routed_experts_top_k and meta.get("routed_experts"):
         routes = decode_routed_experts(meta["routed_experts"], len(req.prompt_ids) + len(tokens) - 1, routed_experts_top_k)
+    top = meta.get("output_top_logprobs") or []
     return GenerateResult(req.rid, tokens, log_probs, reason, version, {"server_id": meta.get("id")}, list(versions),
-                          routed_experts=routes)
+                          routed_experts=routes, top_token_ids=[[int(t) for _, t, *_ in row] for row in top],
+                          top_log_probs=[[float(lp) for lp, *_ in row] for row in top])
 
 
 class HttpEngine:

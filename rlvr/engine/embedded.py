@@ -37,7 +37,7 @@ from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from rlvr.engine import kv
 from rlvr.engine.base import GenerateRequest, GenerateResult, SamplingParams
-from rlvr.engine.sampling import filter_logits, sample_next
+from rlvr.engine.sampling import filter_logits, sample_next, top_log_probs
 from rlvr.models.moe import RoutingRecorder
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,8 @@ class _Row:
     log_probs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     routes: list[torch.Tensor] = field(default_factory=list)  # R3: [positions, MoE layers, k] pieces
+    top_ids: list[list[int]] = field(default_factory=list)  # score centering: q's head per token
+    top_log_probs: list[list[float]] = field(default_factory=list)
     done: bool = False  # finished; the row stays in the batch until the next compaction
 
 
@@ -361,6 +363,7 @@ class EmbeddedEngine:
             row.req.rid, row.tokens, row.log_probs, reason,
             row.versions[-1] if row.versions else self._version, meta or {}, row.versions,
             routed_experts=torch.cat(row.routes) if self.routing is not None and row.routes else None,
+            top_token_ids=row.top_ids, top_log_probs=row.top_log_probs,
         )
         row.call.finish(row.index, result)
 
@@ -447,6 +450,13 @@ class EmbeddedEngine:
             r.tokens.append(t)
             r.log_probs.append(lp)
             r.versions.append(self._version)
+        k = max(p.top_logprobs_num for p in params)
+        if k:  # score centering's head: the top-k of q with every sampled token
+            ids, lps = top_log_probs(logits, torch.tensor([p.temperature for p in params]), k)
+            for r, i, lp in zip(rows, ids.tolist(), lps.tolist(), strict=True):
+                if not r.done and r.req.params.top_logprobs_num:
+                    r.top_ids.append(i[: r.req.params.top_logprobs_num])
+                    r.top_log_probs.append(lp[: r.req.params.top_logprobs_num])
         return tokens
 
     def _retire(self, rows: list[_Row]) -> list[int]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -147,6 +148,9 @@ class Server:
             raise BadRequest(f"'sampling_params' has {len(sps)} entries for {len(prompts)} prompts")
         eos = self.tokenizer.eos_token_id
         params = [sampling_params(sp, eos) for sp in sps]
+        top = _field(body, "top_logprobs_num", int, 0)  # SGLang's: the head of q with every token
+        if top:
+            params = [dataclasses.replace(p, top_logprobs_num=top) for p in params]
         n = _field(sps[0], "n", int, 1) if sps else 1
         rids = body.get("rid")
         rids = rids if isinstance(rids, list) else [rids] * len(prompts)
@@ -183,6 +187,9 @@ class Server:
         }
         if want_logprob:
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(res.log_probs, res.token_ids)]
+            if res.top_token_ids:  # as SGLang: per token, [[logprob, token_id, null], ...]
+                meta["output_top_logprobs"] = [[[lp, t, None] for lp, t in zip(lps, ids)]
+                                               for ids, lps in zip(res.top_token_ids, res.top_log_probs)]
         return {"text": self._text(res, req.params), "output_ids": res.token_ids, "meta_info": meta}
 
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:

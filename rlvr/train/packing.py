@@ -52,6 +52,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from rlvr.algo.score_centering import head_token_ids
 from rlvr.train.routing_replay import set_replay_plan
 from rlvr.types import Sample
 
@@ -338,7 +339,9 @@ def response_hidden(base_model: torch.nn.Module, batch: TokenBatch) -> torch.Ten
 def _chunk_log_probs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor,
                      temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
     logp = (head(hidden).float() / temperature).log_softmax(-1)
-    picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    # targets [m] (the response tokens) or [m, 1 + K] (each with score centering's head tokens)
+    picked = logp.gather(-1, targets if targets.dim() == 2 else targets.unsqueeze(-1))
+    picked = picked if targets.dim() == 2 else picked.squeeze(-1)
     entropy = -(logp.exp() * logp).sum(-1) if with_entropy else picked.new_zeros(0)
     return picked, entropy
 
@@ -362,9 +365,9 @@ def token_log_probs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.
 
 
 def to_rows(values: torch.Tensor, batch: TokenBatch, n_rows: int, width: int) -> torch.Tensor:
-    """Flat per-response-token ``values [M]`` as right-padded ``[n_rows, width]`` (0 elsewhere);
+    """Flat per-response-token ``values [M, ...]`` as right-padded ``[n_rows, width, ...]`` (0 elsewhere);
     differentiable."""
-    return values.new_zeros(n_rows, width).index_put((batch.rows, batch.cols), values)
+    return values.new_zeros(n_rows, width, *values.shape[1:]).index_put((batch.rows, batch.cols), values)
 
 
 class OutputLayer(torch.nn.Module):
@@ -404,9 +407,11 @@ def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, OutputLay
 
 def response_log_probs(model: torch.nn.Module, samples: list[Sample], temperature: float, width: int,
                        with_entropy: bool, chunk_size: int = 1024, packed: bool = True,
-                       share_prompts: bool = True):
+                       share_prompts: bool = True, heads: bool = False):
     """Log-probs ``[b, width]`` of each sample's response tokens under ``model`` at ``temperature``
-    (right-padded with 0), and the entropy of each position's distribution when asked (else None)."""
+    (right-padded with 0), and the entropy of each position's distribution when asked (else None).
+    ``heads``: ``[b, width, 1 + K]``, each token's log-prob followed by those of its sampler head
+    (``Sample.rollout_topk_token_ids``, score centering; padding gathers token 0)."""
     if getattr(model.config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
         # Any other attention would let packed samples attend to each other: wrong numbers, silently.
         raise ValueError(f"response_log_probs needs a model loaded with attn_implementation={ATTN_IMPLEMENTATION!r} "
@@ -414,6 +419,10 @@ def response_log_probs(model: torch.nn.Module, samples: list[Sample], temperatur
     base, head = decoder_and_head(model)
     batch = Layout(packed, share_prompts).batch(samples)
     set_replay_plan(model, batch, samples)  # R3: the engine's experts at every position (no-op otherwise)
-    lp, ent = token_log_probs(head, response_hidden(base, batch), batch.targets, temperature, with_entropy, chunk_size)
+    targets = batch.targets
+    if heads:
+        ids = head_token_ids(samples, width)[batch.rows, batch.cols]  # [M, K]
+        targets = torch.cat([targets.unsqueeze(-1), ids], dim=-1)
+    lp, ent = token_log_probs(head, response_hidden(base, batch), targets, temperature, with_entropy, chunk_size)
     rows = lambda v: to_rows(v, batch, len(samples), width)  # noqa: E731
     return rows(lp), (rows(ent) if ent is not None else None)
