@@ -144,6 +144,7 @@ def test_two_rollouts_with_routing_replay(tiny_moe, arith_files, tmp_path):
 
 def test_routed_experts_over_http(tiny_moe):
     # rlvr serve's /generate returns them as SGLang does (base64 int32); HttpEngine carries them.
+    # The same path carries score centering's sampler head (top_logprobs_num).
     import asyncio
     import socket
     import threading
@@ -177,6 +178,12 @@ def test_routed_experts_over_http(tiny_moe):
         assert torch.equal(res.routed_experts, direct.routed_experts)
         (plain,) = asyncio.run(HttpEngine([f"127.0.0.1:{port}"]).generate([req]))
         assert plain.routed_experts is None
+        # score centering's head travels as SGLang's output_top_logprobs
+        head = GenerateRequest([5, 6, 7], SamplingParams(max_new_tokens=4, seed=3, top_logprobs_num=3))
+        (res,) = asyncio.run(HttpEngine([f"127.0.0.1:{port}"]).generate([head]))
+        (direct,) = engine.generate_sync([head])
+        assert res.top_token_ids == direct.top_token_ids and len(res.top_token_ids) == len(res.token_ids)
+        torch.testing.assert_close(torch.tensor(res.top_log_probs), torch.tensor(direct.top_log_probs))
     finally:
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
