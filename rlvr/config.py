@@ -365,6 +365,9 @@ class Config:
                     f"{self.rollout.rollout_max_response_len} plus its prompt; raise it",
                 )
         if not rl:
+            if self.train.use_rollout_routing_replay:
+                raise ConfigError("--use-rollout-routing-replay", "replays the routing a rollout engine recorded; "
+                                  "SFT samples have none: drop it")
             return self
         if self.cluster.ray:
             self._validate_ray()

@@ -188,3 +188,9 @@ def test_routed_experts_over_http(tiny_moe):
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         engine.close()
+
+
+def test_sft_refuses_routing_replay(tiny_moe, arith_files, capsys):
+    code = main(["sft", "--hf-checkpoint", str(tiny_moe), "--prompt-data", str(arith_files[0]),
+                 "--use-rollout-routing-replay"])
+    assert code == 2 and "--use-rollout-routing-replay" in capsys.readouterr().err
