@@ -194,3 +194,25 @@ def test_sft_refuses_routing_replay(tiny_moe, arith_files, capsys):
     code = main(["sft", "--hf-checkpoint", str(tiny_moe), "--prompt-data", str(arith_files[0]),
                  "--use-rollout-routing-replay"])
     assert code == 2 and "--use-rollout-routing-replay" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model_type,extra", [
+    ("qwen2_moe", dict(num_experts=8, num_experts_per_tok=2, shared_expert_intermediate_size=64)),
+                                              ("mixtral", dict(num_local_experts=8, num_experts_per_tok=2)),
+                                              ("olmoe", dict(num_experts=8, num_experts_per_tok=2))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_registered_gate_rule_is_the_familys_own(model_type, extra, dtype):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(model_type, vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=2, num_key_value_heads=1, moe_intermediate_size=32, **extra)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    ids = torch.randint(0, 64, (2, 5))
+    recorder = RoutingRecorder(model)
+    with torch.no_grad():
+        own = model(ids).logits
+    replay = RoutingReplay(model)
+    replay.plan = recorder.take().long()
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, own)

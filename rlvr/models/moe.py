@@ -34,22 +34,19 @@ GATE_RULES: Registry[GateRule] = Registry("MoE router", flag="--use-rollout-rout
 _EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 
 
-def _softmax_topk(router: torch.nn.Module, logits: torch.Tensor, indices: torch.Tensor, normalise: bool) -> torch.Tensor:
-    probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+def _softmax_topk(logits: torch.Tensor, indices: torch.Tensor, normalise: bool, cast: bool) -> torch.Tensor:
+    probs = torch.softmax(logits.float(), dim=-1)
     picked = probs.gather(-1, indices)
     if normalise:
         picked = picked / picked.sum(dim=-1, keepdim=True)
-    return picked.to(logits.dtype)
+    return picked.to(logits.dtype) if cast else picked
 
 
-def _register_softmax_topk(name: str, always_normalise: bool = False) -> None:
-    GATE_RULES.register(name)(lambda r, lg, idx: _softmax_topk(r, lg, idx, always_normalise or r.norm_topk_prob))
-
-
-# softmax over all experts, top-k, renormalised over the k when config.norm_topk_prob (Mixtral: always)
+# softmax over all experts in float32, top-k, renormalised over the k when config.norm_topk_prob and
+# cast back to the logits' dtype (Qwen2/3-MoE, OLMoE); Mixtral always renormalises and keeps float32
 for _name in ("Qwen2MoeTopKRouter", "Qwen3MoeTopKRouter", "OlmoeTopKRouter"):
-    _register_softmax_topk(_name)
-_register_softmax_topk("MixtralTopKRouter", always_normalise=True)
+    GATE_RULES.register(_name)(lambda r, lg, idx: _softmax_topk(lg, idx, r.norm_topk_prob, cast=True))
+GATE_RULES.register("MixtralTopKRouter")(lambda r, lg, idx: _softmax_topk(lg, idx, True, cast=False))
 
 
 def has_routed_experts(checkpoint: str | Path) -> bool:
