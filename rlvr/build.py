@@ -11,6 +11,7 @@ for the same ``Components`` made of actor-group proxies, whose actors call the b
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -93,6 +94,8 @@ def make_rollout(cfg: Config, engine, tokenizer, records) -> Rollout:
         from rlvr.agents.hooks import Agent
 
         rollout.agent = Agent(cfg, engine, tokenizer, rollout)
+    if cfg.algo.use_score_centering:  # the sampler's head the SC loss reads
+        rollout.top_logprobs_num = cfg.algo.score_centering_top_k
     return rollout
 
 
@@ -108,17 +111,26 @@ def build_engine(cfg: Config, model, tokenizer):
 
         checkpoint = model if isinstance(model, (str, Path)) else cfg.train.hf_checkpoint
         processes = ServeProcesses(checkpoint, seed=cfg.train.seed, max_running_requests=r.rollout_max_running_requests,
-                                   log_dir=Path(cfg.run.output_dir) / "engines")
+                                   log_dir=Path(cfg.run.output_dir) / "engines", routed_experts_top_k=routed_top_k(cfg))
         return EngineSupervisor(processes, r)
     if r.rollout_external_engine_addrs:
         from rlvr.engine.client import HttpEngine
 
         return HttpEngine(r.rollout_external_engine_addrs, timeout=r.rollout_external_engine_timeout,
-                          retries=r.rollout_external_engine_retries)
+                          retries=r.rollout_external_engine_retries, routed_experts_top_k=routed_top_k(cfg))
     from rlvr.engine.embedded import EmbeddedEngine
 
     return EmbeddedEngine(model, pad_token_id=tokenizer.pad_token_id, seed=cfg.train.seed,
-                          max_batch_size=r.rollout_max_running_requests, tokenizer=tokenizer)
+                          max_batch_size=r.rollout_max_running_requests, tokenizer=tokenizer,
+                          return_routed_experts=cfg.train.use_rollout_routing_replay)
+
+
+def routed_top_k(cfg: Config) -> int:
+    """R3 with engine servers: the experts per token the servers' routing comes in (0 = not asked for)."""
+    if not cfg.train.use_rollout_routing_replay:
+        return 0
+    config = json.loads((Path(cfg.train.hf_checkpoint) / "config.json").read_text())
+    return int(config.get("text_config", config)["num_experts_per_tok"])
 
 
 def check_fits_micro_batch(cfg: Config, records: PromptDataset) -> None:

@@ -32,6 +32,7 @@ from rlvr.engine.config import EngineConfig
 from rlvr.errors import ConfigError
 from rlvr.fields import check_bounds, flag_of, help_of, static_choices
 from rlvr.fields import option as _f
+from rlvr.models.moe import has_routed_experts
 from rlvr.rewards.config import RewardConfig
 
 
@@ -155,6 +156,7 @@ class TrainConfig:
     ref_load: str | None = _f(None, "reference model for the KL terms (HF directory); default the initial policy")
     ref_update_interval: int | None = _f(None, "copy the policy into the reference model every N rollouts", ge=1)
     use_rollout_logprobs: bool = _f(False, "use the engine's log-probs as the old policy instead of recomputing them")
+    use_rollout_routing_replay: bool = _f(False, "MoE (R3): the trainer's forwards use the experts the engine's routers chose")
     log_probs_chunk_size: int = _f(-1, "response tokens per output-layer chunk for log-probs/entropy; -1 = one chunk")
     balance_data: bool = _f(False, "split a rollout across data-parallel ranks by token count (Karmarkar-Karp)")
     bf16: bool = _f(False, "bfloat16 parameters and activations, float32 master weights in the optimizer")
@@ -173,6 +175,9 @@ class TrainConfig:
             raise ConfigError("--max-tokens-per-gpu", "is required with --use-dynamic-batch-size")
         if self.ref_load is not None and not (Path(self.ref_load) / "config.json").is_file():
             raise ConfigError("--ref-load", f"{self.ref_load} has no config.json; point it at a HF model directory")
+        if self.use_rollout_routing_replay and not has_routed_experts(self.hf_checkpoint):
+            raise ConfigError("--use-rollout-routing-replay", f"{self.hf_checkpoint} is a dense model (no routed experts): "
+                              "routing replay has nothing to replay; drop the flag")
         if self.log_probs_chunk_size == 0 or self.log_probs_chunk_size < -1:
             raise ConfigError("--log-probs-chunk-size", f"must be >= 1 or -1 (one chunk), got {self.log_probs_chunk_size}")
 
@@ -360,6 +365,9 @@ class Config:
                     f"{self.rollout.rollout_max_response_len} plus its prompt; raise it",
                 )
         if not rl:
+            if self.train.use_rollout_routing_replay:
+                raise ConfigError("--use-rollout-routing-replay", "replays the routing a rollout engine recorded; "
+                                  "SFT samples have none: drop it")
             return self
         if self.cluster.ray:
             self._validate_ray()
@@ -376,6 +384,9 @@ class Config:
         for name in ("ref_load", "ref_update_interval"):
             if getattr(self.train, name) is not None and not uses_ref:
                 raise ConfigError(flag_of(name), "does nothing without a KL term; add --use-kl-loss or --kl-coef, or unset it")
+        if self.algo.use_score_centering and (self.rollout.rollout_top_p != 1 or self.rollout.rollout_top_k != -1):
+            raise ConfigError("--use-score-centering", "needs the untruncated sampling distribution (its head is q's top-k "
+                              "of the full vocabulary): set --rollout-top-p 1 --rollout-top-k -1")
         self._validate_estimator()
         return self
 

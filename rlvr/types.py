@@ -40,6 +40,11 @@ class Sample:
     status: Status = Status.COMPLETED
     weight_versions: list[int] = field(default_factory=list)  # version that produced each token
     train_metadata: dict = field(default_factory=dict)  # per-sample values that reach the loss
+    # score centering: the sampler's head per response token, top-k token ids and their log-probs under q
+    rollout_topk_token_ids: list[list[int]] = field(default_factory=list)
+    rollout_topk_log_probs: list[list[float]] = field(default_factory=list)
+    # R3: the engine's routed experts, [len(prompt) + len(response) - 1, MoE layers, top-k] (uint8/int16)
+    rollout_routed_experts: torch.Tensor | None = None
     uid: str = ""  # "<draw>/<j>": the j-th response to the prompt drawn <draw>-th from the data source (ledger)
 
     @property

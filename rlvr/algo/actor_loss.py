@@ -24,6 +24,7 @@ from torch import Tensor
 from rlvr.algo.corrections import apply_corrections
 from rlvr.algo.kl import compute_approx_kl
 from rlvr.algo.policy_loss import POLICY_LOSSES, policy_loss_name
+from rlvr.algo.score_centering import SamplerHead, score_centering_policy_loss
 
 if TYPE_CHECKING:
     from rlvr.algo.config import AlgoConfig
@@ -38,17 +39,22 @@ def actor_loss(
     loss_mask: Tensor,
     ref_log_probs: Tensor | None,
     cfg: AlgoConfig,
+    head: SamplerHead | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The per-token loss to minimise for the policy, and its per-token metrics.
 
     Args: all [B, T]: ``log_probs`` p_theta (carries the gradient), ``entropy`` of p_theta per
     position, ``old_log_probs`` p0, ``rollout_log_probs`` q (read by TIS only), ``advantages``,
-    ``loss_mask`` (OPSM and GSPO read it), ``ref_log_probs`` (None: no KL term at all).
+    ``loss_mask`` (OPSM and GSPO read it), ``ref_log_probs`` (None: no KL term at all); ``head``: the
+    sampler's top-k head, read by ``--use-score-centering`` only (it replaces policy loss and TIS).
     Returns: (loss [B, T], metrics: ``pg_loss``, ``entropy_loss``, the policy loss's
     ``pg_clipfrac`` / ``ppo_kl``, the corrections' metrics, ``kl_loss`` with a reference).
     """
-    pg_loss, metrics = POLICY_LOSSES[policy_loss_name(cfg)](log_probs, old_log_probs, advantages, loss_mask, cfg)
-    if cfg.use_tis or cfg.use_opsm:  # train-inference corrections (seed 002): p0 / q weights, OPSM
+    if cfg.use_score_centering:  # its own REINFORCE loss, TIS/ICE-POP as its weight rule (score_centering.py)
+        pg_loss, metrics = score_centering_policy_loss(log_probs, rollout_log_probs, head, advantages, cfg)
+    else:
+        pg_loss, metrics = POLICY_LOSSES[policy_loss_name(cfg)](log_probs, old_log_probs, advantages, loss_mask, cfg)
+    if (cfg.use_tis or cfg.use_opsm) and not cfg.use_score_centering:  # train-inference corrections (seed 002): p0 / q weights, OPSM
         pg_loss, extra = apply_corrections(pg_loss, log_probs, old_log_probs, rollout_log_probs, advantages,
                                            loss_mask, cfg)
         metrics |= extra

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from rlvr.algo.advantages import ADVANTAGES, load_custom_estimator
+from rlvr.algo.advantages import ADVANTAGES, estimator_of, load_custom_estimator
 from rlvr.algo.corrections import TIS_MODES
 from rlvr.algo.kl import KL
 from rlvr.algo.policy_loss import POLICY_LOSSES
@@ -60,6 +60,8 @@ class AlgoConfig:
     tis_clip_low: float = _f(0.0, "lower bound of the TIS weight", ge=0)
     tis_mode: str = _f("tis", "tis = clamp the weight; icepop = zero it outside the bounds", TIS_MODES.names)
     custom_tis_function_path: str | None = _f(None, "replace TIS by pkg.module:function")
+    use_score_centering: bool = _f(False, "score-centred REINFORCE loss (seed 002 SC); the engine returns q's top-k head")
+    score_centering_top_k: int = _f(128, "score centering: sampler head size (top-k tokens of q kept per token)", ge=1)
     use_opsm: bool = _f(False, "off-policy sequence masking of stale negative-advantage samples")
     opsm_delta: float = _f(1e-4, "OPSM threshold on the sequence-mean log(p_old / p_theta)", ge=0)
 
@@ -85,9 +87,27 @@ class AlgoConfig:
             raise ConfigError("--kl-loss-coef", "is set but --use-kl-loss is off; add --use-kl-loss or set it to 0")
         if self.kl_coef != 0 and self.kl_loss_coef != 0:
             raise ConfigError("--kl-coef", "only one of --kl-coef (KL in reward) and --kl-loss-coef may be non-zero")
+        if self.use_score_centering:
+            self._check_score_centering()
         if self.custom_tis_function_path is not None and not self.use_tis:
             raise ConfigError("--custom-tis-function-path", "does nothing without --use-tis; add --use-tis")
         return self
+
+    def _check_score_centering(self) -> None:
+        """SC is its own REINFORCE loss (seed 002): no PPO/GSPO/CISPO clipping; TIS/ICE-POP weights
+        combine with it as f(p / q), a custom TIS function or OPSM does not."""
+        if self.pg_loss_type is None and estimator_of(self).policy_loss in ("gspo", "cispo"):
+            raise ConfigError("--use-score-centering", f"is a token-level REINFORCE loss; --advantage-estimator "
+                              f"{self.advantage_estimator} trains with {estimator_of(self).policy_loss}: use grpo")
+        if self.pg_loss_type is None:
+            self.pg_loss_type = "reinforce"  # SC picks its loss when none is named
+        if self.pg_loss_type != "reinforce":
+            raise ConfigError("--use-score-centering", f"is a REINFORCE loss and cannot be combined with --pg-loss-type "
+                              f"{self.pg_loss_type}; use --pg-loss-type reinforce")
+        for name, on in (("--custom-tis-function-path", self.custom_tis_function_path), ("--use-opsm", self.use_opsm)):
+            if on:
+                raise ConfigError(name, "is not combined with --use-score-centering (TIS/ICE-POP are: --use-tis "
+                                        "--tis-mode); drop one")
 
 
 # Every field must document itself (the CLI generator relies on it).

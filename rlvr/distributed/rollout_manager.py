@@ -50,7 +50,8 @@ class EngineActor:
         # Engine i samples from its own stream (seed + i); one engine samples as local mode's does.
         self.engine = EmbeddedEngine(cfg.train.hf_checkpoint, pad_token_id=tokenizer.pad_token_id,
                                      seed=cfg.train.seed + index, tokenizer=tokenizer,
-                                     max_batch_size=cfg.engine.rollout_max_running_requests)
+                                     max_batch_size=cfg.engine.rollout_max_running_requests,
+                                     return_routed_experts=cfg.train.use_rollout_routing_replay)
 
     async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         return await self.engine.generate(requests)

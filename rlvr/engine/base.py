@@ -36,6 +36,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()  # stop strings: finish once the decoded response contains one
     seed: int | None = None  # per-request sampling seed (SGLang's ``sampling_seed``); None = engine's stream
+    # SGLang's request-level ``top_logprobs_num``: with every token, the k most likely tokens and their
+    # log-probs under the sampling distribution (score centering's head); 0 = none
+    top_logprobs_num: int = 0
 
     def check(self) -> None:
         """Raise ValueError naming the bad field (the server turns it into HTTP 400)."""
@@ -47,6 +50,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k == 0 or self.top_k < -1:
             raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if self.top_logprobs_num < 0:
+            raise ValueError(f"top_logprobs_num must be >= 0, got {self.top_logprobs_num}")
 
 
 @dataclass
@@ -66,6 +71,12 @@ class GenerateResult:
     weight_version: int  # version of the last token (the engine's version when none was sampled)
     meta: dict = field(default_factory=dict)
     weight_versions: list[int] = field(default_factory=list)  # one per token in token_ids
+    # R3: [len(prompt) + len(token_ids) - 1, MoE layers, k] expert ids the router chose at every
+    # position the engine ran (the last sampled token is never fed); None unless asked for
+    routed_experts: torch.Tensor | None = None
+    # score centering: per token, the ``top_logprobs_num`` most likely token ids and their log-probs (q)
+    top_token_ids: list[list[int]] = field(default_factory=list)
+    top_log_probs: list[list[float]] = field(default_factory=list)
 
 
 class Engine(Protocol):

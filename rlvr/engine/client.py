@@ -17,6 +17,7 @@ must see that directory (same machine or shared filesystem), as with SGLang's di
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import tempfile
@@ -28,11 +29,13 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 import aiohttp
+import numpy as np
 import torch
 from safetensors.torch import save_file
 
 from rlvr.engine.balance import least_outstanding
 from rlvr.engine.base import GenerateRequest, GenerateResult
+from rlvr.models.moe import index_dtype
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +48,7 @@ def parse_addr(addr: str) -> str:
     return f"http://{host}:{port}"
 
 
-def sglang_payload(req: GenerateRequest, rid: str) -> dict:
+def sglang_payload(req: GenerateRequest, rid: str, routed_experts: bool = False) -> dict:
     p = req.params
     sp = {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "max_new_tokens": p.max_new_tokens,
           "stop_token_ids": list(p.stop_token_ids), "stop": list(p.stop),
@@ -54,11 +57,30 @@ def sglang_payload(req: GenerateRequest, rid: str) -> dict:
           "ignore_eos": not p.stop_token_ids}
     if p.seed is not None:
         sp["sampling_seed"] = p.seed
-    return {"input_ids": req.prompt_ids, "sampling_params": sp, "return_logprob": True, "rid": rid}
+    payload = {"input_ids": req.prompt_ids, "sampling_params": sp, "return_logprob": True, "rid": rid}
+    if p.top_logprobs_num:  # score centering's head of q
+        payload["top_logprobs_num"] = p.top_logprobs_num
+    if routed_experts:  # R3; the server must run with --enable-return-routed-experts
+        payload["return_routed_experts"] = True
+    return payload
 
 
-def parse_output(req: GenerateRequest, out: dict) -> GenerateResult:
-    """An SGLang ``/generate`` answer -> ``GenerateResult``."""
+def encode_routed_experts(routes: torch.Tensor) -> str:
+    """``[positions, layers, k]`` expert ids as SGLang sends them: base64 of little-endian int32."""
+    return base64.b64encode(routes.to(torch.int32).numpy().astype("<i4").tobytes()).decode()
+
+
+def decode_routed_experts(text: str, positions: int, top_k: int) -> torch.Tensor:
+    """``encode_routed_experts``'s inverse: ``[positions, layers, top_k]`` (the layer count follows)."""
+    flat = torch.from_numpy(np.frombuffer(base64.b64decode(text), dtype="<i4").copy())
+    if positions <= 0 or flat.numel() % (positions * top_k):
+        raise ValueError(f"routed_experts: {flat.numel()} ids do not split into {positions} positions x top-k {top_k}")
+    return flat.view(positions, -1, top_k).to(index_dtype(int(flat.max()) + 1 if flat.numel() else 0))
+
+
+def parse_output(req: GenerateRequest, out: dict, routed_experts_top_k: int = 0) -> GenerateResult:
+    """An SGLang ``/generate`` answer -> ``GenerateResult`` (with ``routed_experts`` when
+    ``routed_experts_top_k`` is given and the server sent them)."""
     meta = out["meta_info"]
     pairs = meta.get("output_token_logprobs") or []
     tokens = [int(t) for _, t, *_ in pairs] if pairs else list(out.get("output_ids", []))
@@ -66,12 +88,18 @@ def parse_output(req: GenerateRequest, out: dict) -> GenerateResult:
     reason = (meta.get("finish_reason") or {}).get("type", "length")
     version = int(meta.get("weight_version") or 0)
     versions = meta.get("output_token_weight_versions") or [version] * len(tokens)
-    return GenerateResult(req.rid, tokens, log_probs, reason, version, {"server_id": meta.get("id")}, list(versions))
+    routes = None
+    if routed_experts_top_k and meta.get("routed_experts"):
+        routes = decode_routed_experts(meta["routed_experts"], len(req.prompt_ids) + len(tokens) - 1, routed_experts_top_k)
+    top = meta.get("output_top_logprobs") or []
+    return GenerateResult(req.rid, tokens, log_probs, reason, version, {"server_id": meta.get("id")}, list(versions),
+                          routed_experts=routes, top_token_ids=[[int(t) for _, t, *_ in row] for row in top],
+                          top_log_probs=[[float(lp) for lp, *_ in row] for row in top])
 
 
 class HttpEngine:
     def __init__(self, addrs: list[str], timeout: float = 600.0, retries: int = 2, cooldown: float = 5.0,
-                 weights_dir: str | None = None):
+                 weights_dir: str | None = None, routed_experts_top_k: int = 0):
         if not addrs:
             raise ValueError("HttpEngine needs at least one host:port")
         self.urls = [parse_addr(a) for a in addrs]
@@ -82,6 +110,7 @@ class HttpEngine:
         self.failures = 0  # attempts that failed and were retried or given up
         self.weights_dir = Path(weights_dir or tempfile.mkdtemp(prefix="rlvr-weights-"))
         self._version = 0
+        self.routed_experts_top_k = routed_experts_top_k  # R3: ask for routed experts (top-k per position)
 
     @property
     def weight_version(self) -> int:
@@ -112,7 +141,7 @@ class HttpEngine:
                 break
             self.outstanding[url] += 1
             try:
-                async with session.post(url + "/generate", json=sglang_payload(req, rid)) as resp:
+                async with session.post(url + "/generate", json=sglang_payload(req, rid, bool(self.routed_experts_top_k))) as resp:
                     if resp.status == 400:  # our request is bad: retrying elsewhere will not help
                         body = await resp.text()
                         return GenerateResult(req.rid, [], [], "error", self._version, {"error": f"HTTP 400: {body}"})
@@ -121,7 +150,7 @@ class HttpEngine:
                                                           message=await resp.text())
                     out = await resp.json()
                 self.served[url] += 1
-                return parse_output(req, out)
+                return parse_output(req, out, self.routed_experts_top_k)
             except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
                 self.failures += 1
                 tried.add(url)

@@ -37,7 +37,8 @@ from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from rlvr.engine import kv
 from rlvr.engine.base import GenerateRequest, GenerateResult, SamplingParams
-from rlvr.engine.sampling import filter_logits, sample_next
+from rlvr.engine.sampling import filter_logits, sample_next, top_log_probs
+from rlvr.models.moe import RoutingRecorder
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,9 @@ class _Row:
     tokens: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    routes: list[torch.Tensor] = field(default_factory=list)  # R3: [positions, MoE layers, k] pieces
+    top_ids: list[list[int]] = field(default_factory=list)  # score centering: q's head per token
+    top_log_probs: list[list[float]] = field(default_factory=list)
     done: bool = False  # finished; the row stays in the batch until the next compaction
 
 
@@ -90,12 +94,19 @@ class EmbeddedEngine:
         max_batch_size: int = 256,
         device: str = "cpu",
         tokenizer=None,
+        return_routed_experts: bool = False,
+        dtype: torch.dtype | None = None,
     ):
         if isinstance(model, PreTrainedModel):
             self.model = copy.deepcopy(model)
         else:
             self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
-        self.model.to(device).eval().requires_grad_(False)
+        # dtype: the engine's precision when it differs from the model's (e.g. bfloat16 sampling
+        # for a float32 trainer, the train-inference mismatch R3 and TIS correct).
+        self.model.to(device, dtype=dtype).eval().requires_grad_(False)
+        # R3 (--enable-return-routed-experts): every result carries the experts each MoE layer's
+        # router chose for every position it ran (prompt and sampled tokens): rlvr.models.moe.
+        self.routing = RoutingRecorder(self.model) if return_routed_experts else None
         self.device, self.pad_token_id, self.max_batch_size = device, pad_token_id, max_batch_size
         self.tokenizer = tokenizer  # needed only for stop strings
         self.generator = torch.Generator(device=device).manual_seed(seed)
@@ -113,6 +124,11 @@ class EmbeddedEngine:
         self._needs_weights = False
         self._closed = False
         self._worker: threading.Thread | None = None
+
+    @property
+    def routing_shape(self) -> tuple[int, int]:
+        """(MoE layers, experts per token) of the recorded routing."""
+        return len(self.routing.routers), int(self.routing.routers[0].top_k)
 
     # ---- protocol -------------------------------------------------------------------------
     @property
@@ -346,6 +362,8 @@ class EmbeddedEngine:
         result = GenerateResult(
             row.req.rid, row.tokens, row.log_probs, reason,
             row.versions[-1] if row.versions else self._version, meta or {}, row.versions,
+            routed_experts=torch.cat(row.routes) if self.routing is not None and row.routes else None,
+            top_token_ids=row.top_ids, top_log_probs=row.top_log_probs,
         )
         row.call.finish(row.index, result)
 
@@ -370,6 +388,11 @@ class EmbeddedEngine:
                 cache=b.cache, use_cache=True,
             ).logits[:, -1, :].float()
             self.steps += 1
+            if self.routing is not None:  # the routing of each row's last token, fed this step
+                routes = self.routing.take()
+                for i, r in enumerate(self._rows):
+                    if not r.done:
+                        r.routes.append(routes[i : i + 1])
             b = kv.KVBatch(b.cache, mask, b.next_pos + 1, b.last)
             b.last = self._sample_rows(self._rows, logits)
             self._batch = b
@@ -403,6 +426,11 @@ class EmbeddedEngine:
         ).logits[:, -1, :].float()
         fan = torch.tensor([i for i, g in enumerate(groups) for _ in g.rows])
         rows = [r for g in groups for r in g.rows]
+        if self.routing is not None:  # the prompt's routing, computed once, shared by the group's rows
+            routes = self.routing.take().view(len(groups), width, *self.routing_shape)
+            for i, g in enumerate(groups):
+                for r in g.rows:
+                    r.routes = [routes[i, width - lens[i]:]]
         batch = kv.select(kv.KVBatch(cache, mask, torch.tensor(lens), torch.zeros(len(groups), dtype=torch.long)), fan)
         batch.last = self._sample_rows(rows, logits[fan])
         return rows, batch
@@ -422,6 +450,13 @@ class EmbeddedEngine:
             r.tokens.append(t)
             r.log_probs.append(lp)
             r.versions.append(self._version)
+        k = max(p.top_logprobs_num for p in params)
+        if k:  # score centering's head: the top-k of q with every sampled token
+            ids, lps = top_log_probs(logits, torch.tensor([p.temperature for p in params]), k)
+            for r, i, lp in zip(rows, ids.tolist(), lps.tolist(), strict=True):
+                if not r.done and r.req.params.top_logprobs_num:
+                    r.top_ids.append(i[: r.req.params.top_logprobs_num])
+                    r.top_log_probs.append(lp[: r.req.params.top_logprobs_num])
         return tokens
 
     def _retire(self, rows: list[_Row]) -> list[int]:

@@ -61,8 +61,9 @@ class ServeProcesses:
     batched = False  # one request per POST: a prompt group's requests spread over the engines
 
     def __init__(self, checkpoint: str | Path, *, seed: int = 0, max_running_requests: int = 256,
-                 log_dir: str | Path | None = None, request_timeout: float = 600.0):
+                 log_dir: str | Path | None = None, request_timeout: float = 600.0, routed_experts_top_k: int = 0):
         self.checkpoint, self.seed, self.max_running_requests = str(checkpoint), seed, max_running_requests
+        self.routed_experts_top_k = routed_experts_top_k  # R3: servers record, requests ask for the routing
         self.request_timeout = request_timeout
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="rlvr-engines-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -75,6 +76,8 @@ class ServeProcesses:
         seed = self.seed + 1009 * index + 7919 * restarts
         cmd = [sys.executable, "-m", "rlvr.cli", "serve", "--hf-checkpoint", self.checkpoint, "--port", str(port),
                "--seed", str(seed), "--max-running-requests", str(self.max_running_requests)]
+        if self.routed_experts_top_k:
+            cmd.append("--enable-return-routed-experts")
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("RLVR_ENGINE_THREADS", "1"))
         with open(self.log_dir / f"engine{index}.log", "ab") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -156,14 +159,14 @@ class ServeProcesses:
             raise EngineDown(f"{handle.url}: {e!r}") from e
 
     async def _post_generate(self, session: aiohttp.ClientSession, url: str, req: GenerateRequest) -> GenerateResult:
-        async with session.post(url + "/generate", json=sglang_payload(req, req.rid)) as resp:
+        async with session.post(url + "/generate", json=sglang_payload(req, req.rid, bool(self.routed_experts_top_k))) as resp:
             if resp.status == 400:
                 body = await resp.text()
                 log.error("engine %s refused request %s: %s", url, req.rid, body)
                 return GenerateResult(req.rid, [], [], "error", 0, {"error": f"{url}: HTTP 400: {body}"})
             if resp.status >= 500:
                 raise ConnectionError(f"HTTP {resp.status}: {await resp.text()}")
-            return parse_output(req, await resp.json())
+            return parse_output(req, await resp.json(), self.routed_experts_top_k)
 
     def abort(self, handle: ServeProcess, rid: str | None) -> None:
         try:

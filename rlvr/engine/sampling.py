@@ -31,6 +31,20 @@ def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
+def top_log_probs(logits: torch.Tensor, temperature: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` most likely tokens of each row and their log-probs under log softmax(logits / T)
+    over the full vocabulary (T = 1 for greedy rows), as ``sample_next`` reports the sampled token's:
+    the head of q that score centering reads. ``logits`` [B, V], ``temperature`` [B] -> ([B, k], [B, k]).
+
+    >>> ids, lp = top_log_probs(torch.log(torch.tensor([[0.2, 0.5, 0.3]])), torch.ones(1), 2)
+    >>> ids.tolist(), [round(x, 3) for x in lp.exp()[0].tolist()]
+    ([[1, 2]], [0.5, 0.3])
+    """
+    t = torch.where(temperature <= 0, torch.ones_like(temperature), temperature).unsqueeze(-1)
+    values, ids = (logits / t).log_softmax(-1).topk(min(k, logits.shape[-1]), dim=-1)
+    return ids, values
+
+
 def sample_next(
     logits: torch.Tensor,
     temperature: torch.Tensor,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -37,6 +38,7 @@ from aiohttp import web
 from safetensors.torch import load_file
 
 from rlvr.engine.base import GenerateRequest, GenerateResult, SamplingParams
+from rlvr.engine.client import encode_routed_experts
 from rlvr.engine.embedded import EmbeddedEngine
 
 log = logging.getLogger(__name__)
@@ -146,9 +148,14 @@ class Server:
             raise BadRequest(f"'sampling_params' has {len(sps)} entries for {len(prompts)} prompts")
         eos = self.tokenizer.eos_token_id
         params = [sampling_params(sp, eos) for sp in sps]
+        top = _field(body, "top_logprobs_num", int, 0)  # SGLang's: the head of q with every token
+        if top:
+            params = [dataclasses.replace(p, top_logprobs_num=top) for p in params]
         n = _field(sps[0], "n", int, 1) if sps else 1
         rids = body.get("rid")
         rids = rids if isinstance(rids, list) else [rids] * len(prompts)
+        if body.get("return_routed_experts") and self.engine.routing is None:
+            raise BadRequest("'return_routed_experts' needs a server started with --enable-return-routed-experts")
         reqs = [
             GenerateRequest(p, sp, rid=(f"{rid}" if n == 1 else f"{rid}-{k}") if rid else uuid.uuid4().hex)
             for p, sp, rid in zip(prompts, params, rids, strict=True) for k in range(n)
@@ -156,6 +163,10 @@ class Server:
         results = await self.engine.generate(reqs)
         want_logprob = bool(body.get("return_logprob", False))
         out = [self._sglang_output(req, res, want_logprob) for req, res in zip(reqs, results, strict=True)]
+        if body.get("return_routed_experts"):  # R3, as SGLang: base64 int32 [prompt + output - 1, layers, k]
+            for o, res in zip(out, results, strict=True):
+                if res.routed_experts is not None:
+                    o["meta_info"]["routed_experts"] = encode_routed_experts(res.routed_experts)
         return web.json_response(out if batch or n > 1 else out[0])
 
     def _sglang_output(self, req: GenerateRequest, res: GenerateResult, want_logprob: bool) -> dict:
@@ -176,6 +187,9 @@ class Server:
         }
         if want_logprob:
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(res.log_probs, res.token_ids)]
+            if res.top_token_ids:  # as SGLang: per token, [[logprob, token_id, null], ...]
+                meta["output_top_logprobs"] = [[[lp, t, None] for lp, t in zip(lps, ids)]
+                                               for ids, lps in zip(res.top_token_ids, res.top_log_probs)]
         return {"text": self._text(res, req.params), "output_ids": res.token_ids, "meta_info": meta}
 
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:
@@ -385,6 +399,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--max-running-requests", type=int, default=256, help="rows decoded together (batch slots)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling stream")
     p.add_argument("--served-model-name", default=None, help="model name in OpenAI responses; default the path")
+    p.add_argument("--enable-return-routed-experts", action="store_true",
+                   help="MoE: record each position's routed experts; a /generate with return_routed_experts gets them (R3)")
     a = p.parse_args(argv)
     if not (Path(a.hf_checkpoint) / "config.json").is_file():
         raise ConfigError("--hf-checkpoint", f"{a.hf_checkpoint} has no config.json; point it at a HF model directory")
@@ -392,7 +408,8 @@ def main(argv: list[str]) -> None:
         raise ConfigError("--max-running-requests", f"must be >= 1, got {a.max_running_requests}")
     tokenizer = load_tokenizer(a.hf_checkpoint)
     engine = EmbeddedEngine(a.hf_checkpoint, pad_token_id=tokenizer.pad_token_id, seed=a.seed,
-                            max_batch_size=a.max_running_requests, tokenizer=tokenizer)
+                            max_batch_size=a.max_running_requests, tokenizer=tokenizer,
+                            return_routed_experts=a.enable_return_routed_experts)
     server = Server(engine, tokenizer, a.served_model_name or a.hf_checkpoint)
     print(f"rlvr serve: {a.hf_checkpoint} on http://{a.host}:{a.port}", flush=True)
     web.run_app(server.app(), host=a.host, port=a.port, print=None)

@@ -66,6 +66,7 @@ class Rollout:
         )
         self._prompt_cache: dict[str, tuple[str, list[int]]] = {}
         self.agent = agent  # rlvr.agents.hooks.Agent: custom generate / rollout functions (issue 17)
+        self.top_logprobs_num = 0  # --use-score-centering: the engine returns q's top-k with every token
         self.stop_ids = tuple(t for t in {tokenizer.eos_token_id} if t is not None)
 
     # ---- what the loop calls --------------------------------------------------------------
@@ -115,7 +116,8 @@ class Rollout:
         """The training sampling settings (``--rollout-*``)."""
         cfg = self.cfg
         return SamplingParams(temperature=cfg.rollout_temperature, top_p=cfg.rollout_top_p, top_k=cfg.rollout_top_k,
-                              max_new_tokens=cfg.rollout_max_response_len, stop_token_ids=self.stop_ids)
+                              max_new_tokens=cfg.rollout_max_response_len, stop_token_ids=self.stop_ids,
+                              top_logprobs_num=self.top_logprobs_num)
 
     def evaluate(self, name: str, records: list[PromptRecord], cfg: EvalConfig) -> dict[str, float]:
         """``eval/<name>/score`` (mean reward), ``eval/<name>`` (slime's key), truncated ratio."""
@@ -280,6 +282,10 @@ class Rollout:
         s.rollout_log_probs = s.rollout_log_probs + list(r.log_probs)
         s.loss_mask = s.loss_mask + [1] * len(r.token_ids)
         s.weight_versions = s.weight_versions + (list(r.weight_versions) or [r.weight_version] * len(r.token_ids))
+        s.rollout_topk_token_ids = s.rollout_topk_token_ids + list(r.top_token_ids)
+        s.rollout_topk_log_probs = s.rollout_topk_log_probs + list(r.top_log_probs)
+        if r.routed_experts is not None:  # R3: the call ran the whole sequence (a resumed prefix included)
+            s.rollout_routed_experts = r.routed_experts
         s.status = _FINISH_STATUS.get(r.finish_reason, Status.FAILED)
         s.response = self.tokenizer.decode(s.response_ids, skip_special_tokens=True)
         if r.finish_reason == "error":

@@ -52,6 +52,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from rlvr.algo.score_centering import head_token_ids
+from rlvr.train.routing_replay import set_replay_plan
 from rlvr.types import Sample
 
 ATTN_IMPLEMENTATION = "rlvr_varlen"
@@ -215,6 +217,9 @@ class TokenBatch:
     rows: torch.Tensor
     cols: torch.Tensor
     model_kwargs: dict = field(default_factory=dict)
+    # [slots, 2] long: (sample index, position in that sample's prompt + response) of every input
+    # position, (-1, -1) for padding; what routing replay (rlvr.train.routing_replay) aligns by
+    origin: torch.Tensor | None = None
 
     @property
     def slots(self) -> int:
@@ -258,11 +263,12 @@ def pack(samples: list[Sample], share_prompts: bool = True) -> TokenBatch:
         by_prompt.setdefault(tuple(s.prompt_ids) if share_prompts else (i,), []).append(i)
     ids: list[int] = []
     positions: list[int] = []
-    groups, index = [], []
+    groups, index, origin = [], [], []
     for members in by_prompt.values():
         prompt = samples[members[0]].prompt_ids
         ids += prompt
         positions += range(len(prompt))
+        origin += [(members[0], p) for p in range(len(prompt))]
         prompt_last = len(ids) - 1
         inputs = []
         for i in members:
@@ -271,13 +277,15 @@ def pack(samples: list[Sample], share_prompts: bool = True) -> TokenBatch:
             # A response's last token predicts nothing that is scored: it is a target, never an input.
             ids += resp[:-1]
             positions += range(len(prompt), len(prompt) + len(resp) - 1)
+            origin += [(i, p) for p in range(len(prompt), len(prompt) + len(resp) - 1)]
             inputs.append(max(len(resp) - 1, 0))
         groups.append((len(prompt), inputs))
     row = torch.tensor([ids], dtype=torch.long)
     # An all-ones 2D mask turns off transformers' packed-sequence detection (which would build an
     # N x N mask); the layout reaches the attention function as packed_groups.
     return TokenBatch(row, torch.ones_like(row), torch.tensor([positions], dtype=torch.long),
-                      *_index(sorted(index, key=lambda x: x[1])), model_kwargs={"packed_groups": groups})
+                      *_index(sorted(index, key=lambda x: x[1])), model_kwargs={"packed_groups": groups},
+                      origin=torch.tensor(origin, dtype=torch.long).reshape(-1, 2))
 
 
 def pad(samples: list[Sample]) -> TokenBatch:
@@ -296,7 +304,10 @@ def pad(samples: list[Sample]) -> TokenBatch:
     positions = torch.arange(width).expand(len(samples), width)
     rows = [(i * width + len(s.prompt_ids), i, i * width + len(s.prompt_ids) - 1, s.response_ids)
             for i, s in enumerate(samples)]
-    return TokenBatch(ids, attn, positions, *_index(rows))
+    real = attn.bool().reshape(-1)
+    origin = torch.stack([torch.arange(len(samples)).repeat_interleave(width), positions.reshape(-1)], dim=1)
+    origin[~real] = -1
+    return TokenBatch(ids, attn, positions, *_index(rows), origin=origin)
 
 
 @dataclass(frozen=True)
@@ -328,7 +339,9 @@ def response_hidden(base_model: torch.nn.Module, batch: TokenBatch) -> torch.Ten
 def _chunk_log_probs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor,
                      temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
     logp = (head(hidden).float() / temperature).log_softmax(-1)
-    picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    # targets [m] (the response tokens) or [m, 1 + K] (each with score centering's head tokens)
+    picked = logp.gather(-1, targets if targets.dim() == 2 else targets.unsqueeze(-1))
+    picked = picked if targets.dim() == 2 else picked.squeeze(-1)
     entropy = -(logp.exp() * logp).sum(-1) if with_entropy else picked.new_zeros(0)
     return picked, entropy
 
@@ -352,9 +365,9 @@ def token_log_probs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.
 
 
 def to_rows(values: torch.Tensor, batch: TokenBatch, n_rows: int, width: int) -> torch.Tensor:
-    """Flat per-response-token ``values [M]`` as right-padded ``[n_rows, width]`` (0 elsewhere);
+    """Flat per-response-token ``values [M, ...]`` as right-padded ``[n_rows, width, ...]`` (0 elsewhere);
     differentiable."""
-    return values.new_zeros(n_rows, width).index_put((batch.rows, batch.cols), values)
+    return values.new_zeros(n_rows, width, *values.shape[1:]).index_put((batch.rows, batch.cols), values)
 
 
 class OutputLayer(torch.nn.Module):
@@ -394,15 +407,22 @@ def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, OutputLay
 
 def response_log_probs(model: torch.nn.Module, samples: list[Sample], temperature: float, width: int,
                        with_entropy: bool, chunk_size: int = 1024, packed: bool = True,
-                       share_prompts: bool = True):
+                       share_prompts: bool = True, heads: bool = False):
     """Log-probs ``[b, width]`` of each sample's response tokens under ``model`` at ``temperature``
-    (right-padded with 0), and the entropy of each position's distribution when asked (else None)."""
+    (right-padded with 0), and the entropy of each position's distribution when asked (else None).
+    ``heads``: ``[b, width, 1 + K]``, each token's log-prob followed by those of its sampler head
+    (``Sample.rollout_topk_token_ids``, score centering; padding gathers token 0)."""
     if getattr(model.config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
         # Any other attention would let packed samples attend to each other: wrong numbers, silently.
         raise ValueError(f"response_log_probs needs a model loaded with attn_implementation={ATTN_IMPLEMENTATION!r} "
                          f"(rlvr.train.trainer.load_policy); this one uses {model.config._attn_implementation!r}")
     base, head = decoder_and_head(model)
     batch = Layout(packed, share_prompts).batch(samples)
-    lp, ent = token_log_probs(head, response_hidden(base, batch), batch.targets, temperature, with_entropy, chunk_size)
+    set_replay_plan(model, batch, samples)  # R3: the engine's experts at every position (no-op otherwise)
+    targets = batch.targets
+    if heads:
+        ids = head_token_ids(samples, width)[batch.rows, batch.cols]  # [M, K]
+        targets = torch.cat([targets.unsqueeze(-1), ids], dim=-1)
+    lp, ent = token_log_probs(head, response_hidden(base, batch), targets, temperature, with_entropy, chunk_size)
     rows = lambda v: to_rows(v, batch, len(samples), width)  # noqa: E731
     return rows(lp), (rows(ent) if ent is not None else None)

@@ -58,8 +58,10 @@ from rlvr.algo import (
     masked_mean,
     masked_whiten,
 )
+from rlvr.algo.score_centering import head_rollout_log_probs, split_heads
 from rlvr.config import TrainConfig
 from rlvr.testing import hook_loss, trainer_seam
+from rlvr.train import routing_replay
 from rlvr.train.batching import first_fit_decreasing, fixed_size, micro_batches, pad_right
 from rlvr.train.critic import CriticTrainer
 from rlvr.train.guard import BadStepGuard
@@ -124,6 +126,7 @@ class RolloutTensors:
     values: torch.Tensor | None  # V_old, PPO's critic only
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    sampler_head: tuple[torch.Tensor, torch.Tensor] | None = None  # score centering: (log q, mask) [B, width, K]
 
     @property
     def width(self) -> int:
@@ -156,6 +159,8 @@ class Trainer:
         if needs_ref:
             ref = load_policy(train.ref_load, train.bf16) if train.ref_load else copy.deepcopy(self.model)
             self.ref_model = ref.requires_grad_(False)
+        # R3: policy and reference forwards use the engine's experts (routing_replay.py)
+        self.routing_replay = routing_replay.install(self.model, self.ref_model) if train.use_rollout_routing_replay else []
         if train.recompute_activations:
             enable_recompute(self.model)
         # Policy forwards go through the strategy's module (under --ray: DDP/FSDP2-wrapped, one rank).
@@ -254,7 +259,10 @@ class Trainer:
                 ref = partial(response_log_probs, self.ref_model)
                 ref_lp = forward_all(lambda mb: self._log_probs(ref, mb, width, False)[0])
             values = forward_all(lambda mb: self.critic.values(mb, width)) if self.critic is not None else None
-        return RolloutTensors(samples, kept, mask, rollout_lp, old_lp, p0_in_loss, ref_lp, values)
+        out = RolloutTensors(samples, kept, mask, rollout_lp, old_lp, p0_in_loss, ref_lp, values)
+        if self.algo.use_score_centering:
+            out.sampler_head = head_rollout_log_probs(samples, width)
+        return out
 
     def _advantages(self, batch: RolloutTensors) -> None:
         """Sets ``batch.advantages`` (whitened with --normalize-advantages) and ``batch.returns``
@@ -276,13 +284,17 @@ class Trainer:
         denominator = global_denominator([batch.mask[idx]], per_token)
 
         def loss(mb: list[int], lp: torch.Tensor, ent: torch.Tensor):
+            head = None
+            if batch.sampler_head is not None:  # score centering: lp carries the head tokens' too
+                lp, head = split_heads(lp, *(t[mb] for t in batch.sampler_head))
             if batch.p0_in_loss:
                 batch.old_log_probs[mb] = lp.detach()
             ref_lp = batch.ref_log_probs[mb] if batch.ref_log_probs is not None else None
             return actor_loss(lp, ent, batch.old_log_probs[mb], batch.rollout_log_probs[mb], batch.advantages[mb],
-                              batch.mask[mb], ref_lp, self.algo)
+                              batch.mask[mb], ref_lp, self.algo, head)
 
-        step_metrics = self._policy_step(rollout_id, batch.samples, mbs, batch.mask, per_token, denominator, loss)
+        step_metrics = self._policy_step(rollout_id, batch.samples, mbs, batch.mask, per_token, denominator, loss,
+                                         heads=batch.sampler_head is not None)
         if self.critic is not None:
             step_metrics |= self.critic.step(batch.samples, mbs, batch.mask, per_token, denominator, batch.values,
                                              batch.returns, self._lr_scale())
@@ -303,11 +315,13 @@ class Trainer:
         metrics["perf/train_time"] = seconds
         metrics["perf/train_tokens_per_s"] = sum(batch.samples[i].total_length for i in batch.kept) / seconds
         metrics["perf/peak_memory_gb"] = peak_memory_gb()
+        if self.routing_replay:
+            metrics |= routing_replay.rollout_metrics(self.routing_replay[0], batch.samples)
         return metrics
 
     # ---- internals -------------------------------------------------------------------------
     def _policy_step(self, rollout_id: int, samples: list[Sample], mbs: list[list[int]], mask: torch.Tensor,
-                     per_token: bool, denominator: float, token_loss) -> dict[str, float]:
+                     per_token: bool, denominator: float, token_loss, heads: bool = False) -> dict[str, float]:
         """One optimizer step of the policy over micro-batches ``mbs``, skipped (and recorded by the
         guard) when the loss or the gradient norm is not finite.
 
@@ -318,7 +332,7 @@ class Trainer:
         width = mask.shape[1]
 
         def loss_fn(mb: list[int]):
-            lp, ent = self._log_probs(self.policy, [samples[i] for i in mb], width, True)
+            lp, ent = self._log_probs(self.policy, [samples[i] for i in mb], width, True, heads)
             loss_tok, tok_metrics = token_loss(mb, lp.float(), ent.float())
             return hook_loss(rollout_id, aggregate_loss(loss_tok, mask[mb], per_token, denominator)), tok_metrics
 
@@ -332,10 +346,11 @@ class Trainer:
         c = self.cfg
         return lr_at(self.step, self.total_steps, c.lr, c.min_lr, c.lr_decay_style, c.lr_warmup_iters) / c.lr
 
-    def _log_probs(self, forward, mb: list[Sample], width: int, with_entropy: bool):
+    def _log_probs(self, forward, mb: list[Sample], width: int, with_entropy: bool, heads: bool = False):
         """``forward`` is ``self.policy`` or ``response_log_probs`` bound to a model (same arguments)."""
         chunk = self.cfg.log_probs_chunk_size if self.cfg.log_probs_chunk_size > 0 else 1 << 62
-        return forward(mb, self.temperature, width, with_entropy, chunk, self.layout.packed, self.layout.share_prompts)
+        return forward(mb, self.temperature, width, with_entropy, chunk, self.layout.packed, self.layout.share_prompts,
+                       heads)
 
     def _fitting(self, samples: list[Sample]) -> set[int]:
         """Indices of the samples that fit one micro-batch; the others are logged and left out."""
