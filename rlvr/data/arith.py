@@ -1,10 +1,14 @@
 """A deterministic, verifiable arithmetic task that a tiny model can learn.
 
-Problems are two-operand integer sums and differences written as ``"37+58="``; the label is
-the exact result as a string (``"95"``). The response the model should write is the bare
-number, which the ``math`` reward grades. Multi-digit results written most-significant digit
-first need carry look-ahead, which a tiny model only half-learns from a short SFT — so GRPO has
-reward variance to work with.
+Problems are two-operand integer sums and differences written at fixed width, operands
+zero-padded to the width of ``max_operand`` and results to the width of the largest sum:
+``"07+58="`` with label ``"065"``. The response the model should write is the number, which the
+``math`` reward grades by value (``"65"`` is as right as ``"065"``). Fixed width puts every digit
+at a fixed distance from the digits it depends on; written unpadded (``"7+58="`` -> ``"65"``) a
+tiny model from scratch needed ~3,400 SFT steps to reach 30% greedy accuracy, padded it passes
+50% after ~850 (same model, data and recipe otherwise). Results are still written
+most-significant digit first, so they need carry look-ahead, which a tiny model half-learns in
+a short SFT — so GRPO has reward variance to work with.
 
 Splits are disjoint by construction: every (a, op, b) triple is enumerated, shuffled with a
 fixed seed, and cut into held-out (test) and train parts; ``write_splits`` then cuts a validation
@@ -21,6 +25,14 @@ from pathlib import Path
 
 
 def all_problems(max_operand: int = 99, ops: str = "+-") -> list[dict]:
+    """Every problem with operands in ``[0, max_operand]``, at fixed width.
+
+    >>> all_problems(12)[7 * 13 + 5]
+    {'prompt': '07+05=', 'label': '12'}
+    >>> all_problems(99)[7 * 100 + 58]
+    {'prompt': '07+58=', 'label': '065'}
+    """
+    width, result_width = len(str(max_operand)), len(str(2 * max_operand))
     problems = []
     for op in ops:
         for a in range(max_operand + 1):
@@ -28,7 +40,7 @@ def all_problems(max_operand: int = 99, ops: str = "+-") -> list[dict]:
                 if op == "-" and b > a:  # keep results non-negative
                     continue
                 value = a + b if op == "+" else a - b
-                problems.append({"prompt": f"{a}{op}{b}=", "label": str(value)})
+                problems.append({"prompt": f"{a:0{width}d}{op}{b:0{width}d}=", "label": f"{value:0{result_width}d}"})
     return problems
 
 
