@@ -291,8 +291,27 @@ def test_openai_client_streams_a_chat_completion(server):
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{server}/v1", api_key="x", max_retries=0)
     kw = dict(model="m", messages=[{"role": "user", "content": "2+3?"}], max_tokens=12, temperature=0.9, seed=5)
     plain = client.chat.completions.create(**kw)
-    text, finish = "", None
+    text, finish, pieces = "", None, 0
     for chunk in client.chat.completions.create(stream=True, **kw):
         text += chunk.choices[0].delta.content or ""
+        pieces += bool(chunk.choices[0].delta.content)
         finish = chunk.choices[0].finish_reason or finish
     assert text == plain.choices[0].message.content and finish == plain.choices[0].finish_reason
+    assert pieces >= 4  # token by token, not one chunk at the end
+
+
+def test_openai_client_streams_a_completion_token_by_token(server):
+    """``/v1/completions`` with ``stream: true`` (n=2, a stop string): the chunks of each choice
+    rebuild the plain answer, cut before the stop string."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{server}/v1", api_key="x", max_retries=0)
+    kw = dict(model="m", prompt="12+34=", max_tokens=16, temperature=0.9, seed=3, n=2, stop=["5"])
+    plain = client.completions.create(**kw)
+    texts, finish, pieces = ["", ""], [None, None], 0
+    for chunk in client.completions.create(stream=True, **kw):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+            pieces += bool(c.text)
+            finish[c.index] = c.finish_reason or finish[c.index]
+    assert sorted(texts) == sorted(c.text for c in plain.choices) and all("5" not in t for t in texts)
+    assert sorted(finish) == sorted(c.finish_reason for c in plain.choices) and pieces >= 4
