@@ -161,7 +161,10 @@ def ray_cluster():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("hook,mode", [("generate", "sync"), ("generate", "async"), ("rollout", "sync"), ("rollout", "async")])
+# Two of the four combinations, to keep the suite short (all four passed when this was written;
+# each hook's other mode runs locally above): the generate function in sync, the rollout function
+# under --async, whose producer then also runs on the rollout manager.
+@pytest.mark.parametrize("hook,mode", [("generate", "sync"), ("rollout", "async")])
 def test_hooks_train_under_ray(ray_cluster, tiny_qwen2, arith_files, tmp_path, hook, mode):
     """Both functions run on the rollout manager actor (2 engine actors, session affinity), in
     training and eval; under --async the producer runs there too."""
