@@ -374,9 +374,9 @@ class Config:
         if (self.agent.tools or self.agent.environment_path) and not self.data.apply_chat_template:
             raise ConfigError("--tools" if self.agent.tools else "--environment-path",
                               "multi-turn chat needs --apply-chat-template (turns follow the chat template)")
-        if self.agent.rollout_function_path and (self.asynchronous.async_train or self.agent.per_sample):
+        if self.agent.rollout_function_path and self.agent.per_sample:
             raise ConfigError("--rollout-function-path", "replaces the whole rollout, so it cannot be combined with "
-                              "--async (whose producer schedules groups itself) or a per-sample generate function")
+                              "a per-sample generate function (--custom-generate-function-path, --tools, --environment-path)")
         if self.asynchronous.async_train and (self.run.debug_rollout_only or self.run.debug_train_only):
             raise ConfigError("--async", "overlaps sampling and training; the debug split (--debug-rollout-only, "
                               "--debug-train-only, --load-debug-rollout-data) runs one of them alone: drop one")

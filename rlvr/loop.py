@@ -35,7 +35,7 @@ from rlvr.config import Config
 from rlvr.errors import DataError
 from rlvr.observe import ConsoleProgress, MetricsLogger, plot_runs
 from rlvr.observe.run_files import open_logger, prepare_run_dir, skipped_rollout_path, write_ledger, write_samples
-from rlvr.rollout.producer import AsyncProducer, SyncBatches
+from rlvr.rollout.producer import SyncBatches, make_producer
 from rlvr.rollout.rollout import Rollout
 from rlvr.testing import crash_point
 from rlvr.types import RolloutBatch
@@ -89,7 +89,7 @@ class Step:
 
     cfg: Config
     c: Components
-    source: object  # SyncBatches / AsyncProducer / RayAsyncSource
+    source: object  # SyncBatches / AsyncProducer / RolloutFunctionProducer / RayAsyncSource
     logger: MetricsLogger
     run_dir: Path
 
@@ -206,4 +206,4 @@ def batch_source(cfg: Config, c: Components, start: int):
     args = (r.rollout_concurrency or r.rollout_batch_size, a.max_staleness, a.weight_update_inflight, start)
     if cfg.cluster.ray:  # the producer runs on the rollout manager actor, beside the engines
         return c.rollout.async_source(*args)
-    return AsyncProducer(c.rollout, *args)
+    return make_producer(c.rollout, *args)

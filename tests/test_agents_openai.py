@@ -66,8 +66,53 @@ def test_openai_client_tool_calls_and_streaming_become_an_exact_sample(tiny_qwen
         assert s.rollout_log_probs[segs[0][0]:segs[0][1]] == [-0.5] * segs[0][1] and s.status == Status.COMPLETED
 
 
+def test_streaming_is_token_by_token_and_recorded_exactly(tiny_qwen2):
+    """Against the real embedded engine: a streamed call's content arrives in many chunks while
+    the engine is still decoding (its step counter moves between chunks), and the recorded tokens
+    equal a non-streamed call's (greedy)."""
+    from rlvr.agents.engine import EngineHandle
+    from rlvr.agents.hooks import Agent
+    from rlvr.build import load_tokenizer
+    from rlvr.config import Config
+    from rlvr.engine.embedded import EmbeddedEngine
+
+    tok = load_tokenizer(str(tiny_qwen2))
+    engine = EmbeddedEngine(str(tiny_qwen2), pad_token_id=tok.pad_token_id, tokenizer=tok)
+    cfg = Config()
+    cfg.data.apply_chat_template = True
+    agent = Agent(cfg, engine, tok)
+    messages = [{"role": "user", "content": "What is 2*3?"}, {"role": "assistant", "content": "",
+                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "multiply", "arguments": '{"a": 2, "b": 3}'}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "6"}]
+
+    async def call(stream: bool, session: str):
+        handle = EngineHandle(engine, tok, session)
+        client = openai.AsyncOpenAI(base_url=agent.openai_session(handle), api_key="rlvr", max_retries=0)
+        kw = dict(model="policy", messages=messages, tools=TOOL_SCHEMAS, max_tokens=40, temperature=0.0)
+        if not stream:
+            out = await client.chat.completions.create(**kw)
+            return out.choices[0].message.content, [], handle.session
+        chunks, steps = [], []
+        async for chunk in await client.chat.completions.create(stream=True, **kw):
+            if chunk.choices and chunk.choices[0].delta.content:
+                chunks.append(chunk.choices[0].delta.content)
+                steps.append(engine.steps)
+        return "".join(chunks), steps, handle.session
+
+    async def both():
+        return await call(True, "streamed"), await call(False, "whole")
+
+    (text, steps, s1), (whole_text, _, s2) = asyncio.run(both())
+    streamed, whole = agent.proxy.sessions[s1], agent.proxy.sessions[s2]
+    print(f"streamed {len(steps)} content chunks at engine steps {steps}: {text!r}")
+    assert len(steps) >= 4 and steps[0] < steps[-1]  # sent as decoded, not all at the end
+    assert text == whole_text and streamed.segments == whole.segments  # same ids, log-probs, versions
+    assert streamed.segments[0][2] and len(streamed.segments[0][2]) == len(streamed.segments[0][0])
+
+
 @pytest.mark.slow
 def test_openai_agent_trains_two_rollouts_with_exact_log_probs(tiny_qwen2, arith_files, tmp_path):
+    """2 turns, the second streamed token by token, through the CLI: 2 rollouts, exact log-probs."""
     from tests.test_agents_cli import cli
 
     train, _ = arith_files
@@ -87,3 +132,4 @@ def test_openai_agent_trains_two_rollouts_with_exact_log_probs(tiny_qwen2, arith
     for k in range(2):
         for s in RolloutBatch.load(out / "dump" / f"r{k}.pt").samples:
             assert [t for _, _, t in s.segments()] == [True, False, True] and s.metadata["openai_calls"] == 2
+            assert s.metadata["streamed"] in s.response  # the streamed text is the recorded turn's

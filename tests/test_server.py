@@ -291,8 +291,48 @@ def test_openai_client_streams_a_chat_completion(server):
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{server}/v1", api_key="x", max_retries=0)
     kw = dict(model="m", messages=[{"role": "user", "content": "2+3?"}], max_tokens=12, temperature=0.9, seed=5)
     plain = client.chat.completions.create(**kw)
-    text, finish = "", None
+    text, finish, pieces = "", None, 0
     for chunk in client.chat.completions.create(stream=True, **kw):
         text += chunk.choices[0].delta.content or ""
+        pieces += bool(chunk.choices[0].delta.content)
         finish = chunk.choices[0].finish_reason or finish
     assert text == plain.choices[0].message.content and finish == plain.choices[0].finish_reason
+    assert pieces >= 4  # token by token, not one chunk at the end
+
+
+def test_openai_client_streams_a_completion_token_by_token(server):
+    """``/v1/completions`` with ``stream: true`` (n=2, a stop string): the chunks of each choice
+    rebuild the plain answer, cut before the stop string."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{server}/v1", api_key="x", max_retries=0)
+    kw = dict(model="m", prompt="12+34=", max_tokens=16, temperature=0.9, seed=3, n=2, stop=["5"])
+    plain = client.completions.create(**kw)
+    texts, finish, pieces = ["", ""], [None, None], 0
+    for chunk in client.completions.create(stream=True, **kw):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+            pieces += bool(c.text)
+            finish[c.index] = c.finish_reason or finish[c.index]
+    assert sorted(texts) == sorted(c.text for c in plain.choices) and all("5" not in t for t in texts)
+    assert sorted(finish) == sorted(c.finish_reason for c in plain.choices) and pieces >= 4
+
+
+def test_client_keeps_a_sessions_turns_on_one_server(server):
+    """Session affinity over real HTTP: two addresses of the one server count as two engines; a
+    session's later turns go where its first went even when the other looks less loaded."""
+    engine = HttpEngine([f"127.0.0.1:{server}", f"localhost:{server}"], timeout=60)
+    first, second = engine.urls
+
+    def turn(session: str, i: int) -> None:
+        req = GenerateRequest([1, 2, 3], SamplingParams(max_new_tokens=2), rid=f"{session}#{i}", session=session)
+        assert asyncio.run(engine.generate([req]))[0].finish_reason in ("stop", "length")
+
+    turn("s", 1)
+    assert engine.served == {first: 1, second: 0}  # both idle: the first
+    engine.outstanding[first] += 5  # the first looks loaded: least-outstanding alone would pick the second
+    try:
+        turn("s", 2)
+        turn("t", 1)
+    finally:
+        engine.outstanding[first] -= 5
+    assert engine.served == {first: 2, second: 1}  # s stayed; the new session t went to the idle one

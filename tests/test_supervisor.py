@@ -168,3 +168,36 @@ def test_the_monitor_survives_its_own_errors(monkeypatch, caplog):
             assert sup._monitor.is_alive()
         finally:
             sup.close()
+
+
+def test_session_affinity_keeps_a_sessions_turns_on_one_engine_while_it_is_up():
+    """Turns of one session go to the engine of its first turn even when least-outstanding would
+    pick another; when that engine dies the session moves to a live one and stays there."""
+    fake = FakeEngines(latency=0.3, ready_delay=1.0)
+    sup = EngineSupervisor(fake, settings(2))
+
+    def turn(session: str, i: int) -> int:  # the engine that served the turn (FakeEngines answers its index)
+        req = GenerateRequest([1, 2], SamplingParams(max_new_tokens=1), rid=f"{session}#{i}", session=session)
+        return asyncio.run(sup.generate([req]))[0].token_ids[0]
+
+    try:
+        assert turn("a", 1) == 0 and turn("b", 1) == 0  # both idle: the first engine
+        box = {}
+        busy = threading.Thread(target=lambda: box.setdefault("r", asyncio.run(sup.generate(requests(4)))))
+        busy.start()  # 4 requests without a session: 2 on each engine
+        wait_until(lambda: [s.outstanding for s in sup.slots] == [2, 2], "both engines are busy")
+        with sup._lock:
+            sup.slots[0].outstanding += 5  # engine 0 looks loaded: least-outstanding alone would pick 1
+        try:
+            assert turn("a", 2) == 0 and turn("c", 1) == 1  # a keeps its engine; a new session does not
+        finally:
+            with sup._lock:
+                sup.slots[0].outstanding -= 5
+        busy.join(30)
+        fake.engines[0].dead = True
+        wait_until(lambda: sup.events, "engine 0 is seen down")
+        assert not sup.slots[0].up and turn("a", 3) == 1  # moved: its engine is down (restarting for 1 s)
+        wait_until(lambda: sup.slots[0].up, "engine 0 is restarted")
+        assert [turn("a", 4), turn("b", 2)] == [1, 0]  # a stays where it moved; b's engine is back up
+    finally:
+        sup.close()

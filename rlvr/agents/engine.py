@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from typing import AsyncIterator
 
 from rlvr.engine.base import GenerateRequest, GenerateResult, SamplingParams
+from rlvr.engine.streaming import stream_generate
 
 _FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
 
@@ -49,13 +51,26 @@ class EngineHandle:
     def weight_version(self) -> int:
         return self.engine.weight_version
 
+    def _request(self, input_ids: list[int], sampling_params: SamplingParams | dict) -> GenerateRequest:
+        self.calls += 1
+        return GenerateRequest(list(input_ids), to_sampling_params(sampling_params), rid=f"{self.session}#{self.calls}",
+                               session=self.session)
+
+    async def stream(self, input_ids: list[int], sampling_params: SamplingParams | dict) -> AsyncIterator[GenerateResult]:
+        """``generate`` as increments, token by token where the engine streams
+        (``rlvr.engine.streaming.stream_generate``); the last one carries the finish reason."""
+        if self.aborted:
+            yield GenerateResult(self.session, [], [], "abort", self.engine.weight_version)
+            return
+        async for piece in stream_generate(self.engine, self._request(input_ids, sampling_params)):
+            if piece.finish_reason == "abort":
+                self.aborted = True
+            yield piece
+
     async def generate(self, input_ids: list[int], sampling_params: SamplingParams | dict) -> GenerateResult:
-        params = to_sampling_params(sampling_params)
         if self.aborted:
             return GenerateResult(self.session, [], [], "abort", self.engine.weight_version)
-        self.calls += 1
-        rid = f"{self.session}#{self.calls}"
-        (result,) = await self.engine.generate([GenerateRequest(list(input_ids), params, rid=rid, session=self.session)])
+        (result,) = await self.engine.generate([self._request(input_ids, sampling_params)])
         if not result.weight_versions and result.token_ids:
             result.weight_versions = [result.weight_version] * len(result.token_ids)
         if result.finish_reason == "abort":

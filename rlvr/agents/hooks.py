@@ -20,7 +20,9 @@ response (all turns: ``--rollout-max-response-len``).
 (async allowed). In training it returns ``--rollout-batch-size`` groups of
 ``--n-samples-per-prompt`` samples; in eval (``evaluation=True``, ``rollout_id`` None) the
 ``data_source`` is an ``EvalData`` of the set's records and it returns the samples (groups or a
-flat list). Samples left ungraded are graded with the configured reward.
+flat list). Samples left ungraded are graded with the configured reward. Under ``--async`` a
+thread calls it for the next rollouts ahead, within ``--max-staleness``
+(``rlvr.rollout.producer.RolloutFunctionProducer``); under ``--ray`` it runs on the rollout manager.
 
 Abort and partial rollout: a multi-turn sample that comes back ``ABORTED`` (the rollout stopped
 its groups, or a weight push under ``--async``) is **regenerated from its prompt** the next

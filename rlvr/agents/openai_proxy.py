@@ -13,8 +13,9 @@ AReaL's proxy do. Inside a generate function::
 uid) answers the OpenAI shape: ``message.content``, ``message.tool_calls`` (parsed from the Hermes
 ``<tool_call>{json}</tool_call>`` blocks the model wrote; ``finish_reason: "tool_calls"``),
 ``usage``, and with ``stream: true`` ``chat.completion.chunk`` server-sent events ending in
-``[DONE]`` (the response is generated whole, then streamed: the embedded engine has no token
-stream). ``GET {base_url}/models`` lists the model.
+``[DONE]``: content deltas as the engine samples the tokens (token by token on the embedded
+engine; an engine without a token stream -- HTTP, Ray actors -- sends its answer as one delta),
+then the tool calls. ``GET {base_url}/models`` lists the model.
 
 Recording, token-in/token-out: the first call renders its messages (and tools) with the chat
 template. A later call whose messages extend the previous call's messages and the assistant
@@ -42,7 +43,8 @@ from dataclasses import dataclass, field, replace
 from aiohttp import web
 
 from rlvr.agents.tools import TOOL_CALL, parse_tool_calls
-from rlvr.engine.base import SamplingParams
+from rlvr.engine.base import GenerateResult, SamplingParams
+from rlvr.engine.streaming import TextStream
 from rlvr.types import Sample
 
 
@@ -67,7 +69,7 @@ def _normalise(m: dict) -> dict:
     calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])
               if isinstance(c["function"]["arguments"], str) else c["function"]["arguments"])
              for c in (m.get("tool_calls") or [])]
-    return {"role": m.get("role"), "content": m.get("content") or "", "tool_calls": calls}
+    return {"role": m.get("role"), "content": (m.get("content") or "").strip(), "tool_calls": calls}
 
 
 def _template_message(m: dict) -> dict:
@@ -183,24 +185,39 @@ class OpenAIProxy:
             stop = body.get("stop") or ()
             params = SamplingParams(temperature=float(body.get("temperature", 1.0)), top_p=float(body.get("top_p", 1.0)),
                                     max_new_tokens=int(max_tokens), stop=tuple([stop] if isinstance(stop, str) else stop),
-                                    stop_token_ids=(self.tokenizer.eos_token_id,))
+                                    stop_token_ids=(self.tokenizer.eos_token_id,),
+                                    seed=None if body.get("seed") is None else int(body["seed"]))
             params.check()
         except (ValueError, KeyError, TypeError) as e:
             return web.json_response({"error": {"message": f"bad request: {e}"}}, status=400)
         ids = self._context(s, messages, tools)
         left = s.budget - (len(ids) - len(s.prompt_ids))
-        if left <= 0:  # the response budget is spent: no call (the rollout truncates the sample)
-            from rlvr.engine.base import GenerateResult
+        params = replace(params, max_new_tokens=min(params.max_new_tokens, max(left, 1)))
+        cid, created = "chatcmpl-" + uuid.uuid4().hex, int(time.time())
+        if not body.get("stream"):
+            result = await self._generate(s, ids, params, left)
+            message, finish, usage = self._record(s, messages, ids, result)
+            return web.json_response({"id": cid, "object": "chat.completion", "created": created,
+                                      "model": self.model_name, "usage": usage,
+                                      "choices": [{"index": 0, "message": message, "finish_reason": finish}]})
+        return await self._stream(request, s, messages, ids, params, left, cid, created)
 
-            result = GenerateResult("", [], [], "length", s.handle.weight_version)
-        else:
-            result = await s.handle.generate(ids, replace(params, max_new_tokens=min(params.max_new_tokens, left)))
+    async def _generate(self, s: Session, ids: list[int], params: SamplingParams, left: int) -> GenerateResult:
+        if left <= 0:  # the response budget is spent: no call (the rollout truncates the sample)
+            return GenerateResult("", [], [], "length", s.handle.weight_version)
+        return await s.handle.generate(ids, params)
+
+    def _record(self, s: Session, messages: list[dict], ids: list[int], result: GenerateResult,
+                content: str | None = None) -> tuple[dict, str, dict]:
+        """Record one call's tokens in the session; (assistant message, finish reason, usage).
+        ``content``: the message's content as streamed (else the text without its tool calls)."""
         text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
         if result.token_ids:
             s.segments.append((list(result.token_ids), True, list(result.log_probs), list(result.weight_versions), text))
         s.calls += 1
         calls = [c for c in parse_tool_calls(text) if c.error is None]
-        content = TOOL_CALL.sub("", text).strip() if calls else text
+        if content is None:
+            content = TOOL_CALL.sub("", text).strip() if calls else text
         tool_calls = [{"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
                        "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]
         finish = {"stop": "tool_calls" if calls else "stop", "length": "length"}.get(result.finish_reason, "length")
@@ -208,14 +225,12 @@ class OpenAIProxy:
         s.messages = list(messages) + [message]
         usage = {"prompt_tokens": len(ids), "completion_tokens": len(result.token_ids),
                  "total_tokens": len(ids) + len(result.token_ids)}
-        cid, created = "chatcmpl-" + uuid.uuid4().hex, int(time.time())
-        if not body.get("stream"):
-            return web.json_response({"id": cid, "object": "chat.completion", "created": created,
-                                      "model": self.model_name, "usage": usage,
-                                      "choices": [{"index": 0, "message": message, "finish_reason": finish}]})
-        return await self._stream(request, cid, created, message, finish, usage)
+        return message, finish, usage
 
-    async def _stream(self, request, cid, created, message, finish, usage) -> web.StreamResponse:
+    async def _stream(self, request, s: Session, messages, ids, params, left, cid, created) -> web.StreamResponse:
+        """``stream: true``: content deltas as the engine samples the tokens (``TextStream``: text
+        inside a ``<tool_call>`` block is held back), then the tool calls, the finish reason with
+        usage, ``[DONE]``. The tokens are recorded exactly as without streaming."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
 
@@ -225,9 +240,23 @@ class OpenAIProxy:
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
 
         await send({"role": "assistant", "content": ""})
-        content = message.get("content") or ""
-        for i in range(0, len(content), 8):
-            await send({"content": content[i: i + 8]})
+        text = TextStream(self.tokenizer, ("<tool_call>",))
+        tokens, log_probs, versions, reason = [], [], [], "length"
+        pieces = s.handle.stream(ids, params) if left > 0 else None
+        async for piece in pieces or _nothing():
+            tokens += piece.token_ids
+            log_probs += piece.log_probs
+            versions += piece.weight_versions
+            reason = piece.finish_reason or reason
+            if piece.token_ids and (delta := text.push(piece.token_ids)):
+                await send({"content": delta})
+        result = GenerateResult("", tokens, log_probs, reason, versions[-1] if versions else s.handle.weight_version,
+                                {}, versions)
+        whole = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        calls = [c for c in parse_tool_calls(whole) if c.error is None]
+        if rest := text.rest(TOOL_CALL.sub("", whole) if calls else whole):
+            await send({"content": rest})
+        message, finish, usage = self._record(s, messages, ids, result, content=text.sent)
         for k, c in enumerate(message.get("tool_calls", [])):
             await send({"tool_calls": [{"index": k, "id": c["id"], "type": "function",
                                         "function": {"name": c["function"]["name"], "arguments": ""}}]})
@@ -236,3 +265,8 @@ class OpenAIProxy:
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+
+async def _nothing():
+    return
+    yield

@@ -32,7 +32,7 @@ from rlvr.data.dataset import PromptRecord
 from rlvr.distributed.failures import get_all, get_one
 from rlvr.distributed.placement import Plan, actor_setup, in_bundle
 from rlvr.distributed.weight_sync import WeightMismatch, WeightsRef, checksum, from_store
-from rlvr.engine.balance import least_outstanding
+from rlvr.engine.balance import Affinity
 from rlvr.engine.base import GenerateRequest, GenerateResult
 from rlvr.types import RolloutBatch
 
@@ -115,6 +115,7 @@ class EngineGroup:
         self.outstanding = [0] * n
         self.version = 0
         self.weights_ref = None  # the last weights pushed (a restarted engine gets them too)
+        self.affinity = Affinity()  # session -> actor index
 
     def make(self, i: int):
         return make_engine_actor(self.cfg, self.pg, self.plan, self.cwd, i)
@@ -129,14 +130,9 @@ class EngineGroup:
             get_one(self.actors[i].update_weights.remote(self.weights_ref, self.version, False))
 
     async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
-        i = least_outstanding(range(len(self.actors)), self.outstanding.__getitem__)
-        session = requests[0].session if requests else ""
-        if session:  # session affinity: the turns of one multi-turn sample stay on one engine
-            sessions = self.__dict__.setdefault("sessions", {})
-            i = sessions.setdefault(session, i) % len(self.actors)
-            if len(sessions) > 100_000:  # forget the oldest sessions (dicts keep insertion order)
-                for key in list(sessions)[:50_000]:
-                    del sessions[key]
+        # session affinity: the turns of one multi-turn sample stay on one engine
+        i = self.affinity.pick(requests[0].session if requests else "", range(len(self.actors)),
+                               self.outstanding.__getitem__)
         self.outstanding[i] += len(requests)
         try:
             return await self.actors[i].generate.remote(requests)
@@ -228,9 +224,9 @@ class RolloutManager:
 
     # ---- --async: the producer runs here, beside the engines (rlvr.rollout.producer) ----------
     def start_producer(self, concurrency: int, max_staleness: int, inflight: str, version: int) -> None:
-        from rlvr.rollout.producer import AsyncProducer
+        from rlvr.rollout.producer import make_producer
 
-        self.producer = AsyncProducer(self.rollout, concurrency, max_staleness, inflight, version=version)
+        self.producer = make_producer(self.rollout, concurrency, max_staleness, inflight, version=version)
 
     def next_batch(self, rollout_id: int) -> RolloutBatch:
         return self.producer.next_batch(rollout_id)

@@ -1,7 +1,8 @@
 """A client ``Engine`` over SGLang's HTTP protocol (``rlvr serve`` or a real SGLang server).
 
 ``HttpEngine(["host:port", ...])`` sends each request to ``/generate`` on the address with the
-fewest requests outstanding among those not cooling down (``rlvr.engine.balance``). A request
+fewest requests outstanding among those not cooling down, the turns of one session to one server
+(``rlvr.engine.balance``). A request
 whose server fails (connection refused or dropped, HTTP 5xx, or no answer within ``timeout``
 seconds) is retried on another address; the failing address is avoided for ``cooldown``
 seconds. After ``retries`` retries the request comes back with finish reason ``error`` (the
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from rlvr.engine.balance import least_outstanding
+from rlvr.engine.balance import Affinity
 from rlvr.engine.base import GenerateRequest, GenerateResult
 from rlvr.models.moe import index_dtype
 
@@ -109,6 +110,7 @@ class HttpEngine:
         self.served = {u: 0 for u in self.urls}  # answers per server (observability, tests)
         self.failures = 0  # attempts that failed and were retried or given up
         self.weights_dir = Path(weights_dir or tempfile.mkdtemp(prefix="rlvr-weights-"))
+        self.affinity = Affinity()  # session -> url: the turns of one multi-turn sample go to one server
         self._version = 0
         self.routed_experts_top_k = routed_experts_top_k  # R3: ask for routed experts (top-k per position)
 
@@ -125,18 +127,18 @@ class HttpEngine:
         async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
             return list(await asyncio.gather(*(self._one(session, r) for r in requests)))
 
-    def _pick(self, tried: set[str]) -> str | None:
+    def _pick(self, tried: set[str], session: str = "") -> str | None:
         now = time.monotonic()
         fresh = [u for u in self.urls if u not in tried]
         up = [u for u in fresh if self.down_until[u] <= now]
-        return least_outstanding(up or fresh, self.outstanding.__getitem__)
+        return self.affinity.pick(session, up or fresh, self.outstanding.__getitem__)
 
     async def _one(self, session: aiohttp.ClientSession, req: GenerateRequest) -> GenerateResult:
         tried: set[str] = set()
         errors: list[str] = []
         rid = req.rid or uuid.uuid4().hex  # the same on every attempt (each on another server)
         for _attempt in range(self.retries + 1):
-            url = self._pick(tried)
+            url = self._pick(tried, req.session)
             if url is None:
                 break
             self.outstanding[url] += 1

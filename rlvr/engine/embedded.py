@@ -30,7 +30,7 @@ import logging
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping
+from typing import AsyncIterator, Callable, Iterable, Mapping
 
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
@@ -73,6 +73,7 @@ class _Row:
     top_ids: list[list[int]] = field(default_factory=list)  # score centering: q's head per token
     top_log_probs: list[list[float]] = field(default_factory=list)
     done: bool = False  # finished; the row stays in the batch until the next compaction
+    on_token: Callable[[int, float, int], None] | None = None  # stream(): called (worker thread) per token
 
 
 @dataclass
@@ -151,6 +152,36 @@ class EmbeddedEngine:
             call.cancelled = True  # the worker aborts its rows at the next step
             self._wake_worker()
             raise
+
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateResult]:
+        """``request``'s tokens as they are sampled: one increment per token (a ``GenerateResult``
+        of that token, its log-prob and weight version; finish reason ``""``), then a last one
+        with the finish reason and no token. The increments add up to ``generate``'s result."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+
+        def on_token(token: int, log_prob: float, version: int) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, (token, log_prob, version))
+
+        call = self._submit([request], lambda outcome: loop.call_soon_threadsafe(queue.put_nowait, outcome), on_token)
+        finished = False
+        try:
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, tuple):
+                    token, log_prob, version = item
+                    yield GenerateResult(request.rid, [token], [log_prob], "", version, {}, [version])
+                elif isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                else:
+                    finished = True
+                    r = item[0]
+                    yield GenerateResult(r.rid, [], [], r.finish_reason, r.weight_version, r.meta, [])
+        finally:
+            if not finished:  # the consumer stopped reading (client gone): abort the row
+                call.cancelled = True
+                self._wake_worker()
 
     def generate_sync(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         """``generate`` for callers without an event loop (tests, benchmarks)."""
@@ -241,7 +272,7 @@ class EmbeddedEngine:
             self._worker.join()
 
     # ---- submission (caller threads) ---------------------------------------------------------
-    def _submit(self, requests: list[GenerateRequest], done) -> _Call:
+    def _submit(self, requests: list[GenerateRequest], done, on_token=None) -> _Call:
         for r in requests:
             if not r.prompt_ids:
                 raise ValueError(f"generate: request {r.rid!r} has an empty prompt")
@@ -262,7 +293,8 @@ class EmbeddedEngine:
                 seed = r.params.seed
                 if seed is None:
                     seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))
-                row = _Row(r, call, i, next(self._seq), torch.Generator(device=self.device).manual_seed(seed))
+                row = _Row(r, call, i, next(self._seq), torch.Generator(device=self.device).manual_seed(seed),
+                           on_token=on_token)
                 key = tuple(r.prompt_ids)
                 if key not in groups:
                     groups[key] = _Group(list(r.prompt_ids), [])
@@ -450,6 +482,8 @@ class EmbeddedEngine:
             r.tokens.append(t)
             r.log_probs.append(lp)
             r.versions.append(self._version)
+            if r.on_token is not None:
+                r.on_token(t, lp, self._version)
         k = max(p.top_logprobs_num for p in params)
         if k:  # score centering's head: the top-k of q with every sampled token
             ids, lps = top_log_probs(logits, torch.tensor([p.temperature for p in params]), k)

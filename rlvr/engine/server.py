@@ -14,8 +14,8 @@ SGLang routes (payloads as SGLang's, for what rlvr uses):
   ``POST /release_memory_occupation`` / ``/resume_memory_occupation`` (engine sleep / wake).
 OpenAI-compatible: ``POST /v1/completions``, ``POST /v1/chat/completions`` (the tokenizer's chat
 template with a generation prompt, ``tools`` passed to it; Hermes ``<tool_call>`` blocks in the
-output come back as ``message.tool_calls``; ``stream: true`` answers server-sent
-``chat.completion.chunk`` events once the response is decoded), ``GET /v1/models``.
+output come back as ``message.tool_calls``); ``stream: true`` on both answers server-sent chunks
+token by token, as the engine samples them (``Server._stream``), ``GET /v1/models``.
 
 As in SGLang, generation stops at the tokenizer's EOS unless ``ignore_eos``; the text of a
 response ends before a matched stop string. A malformed payload gets HTTP 400 naming the field.
@@ -282,9 +282,9 @@ class Server:
             prompts = [self._encode(x, "prompt") if isinstance(x, str) else x for x in raw]
         else:
             raise BadRequest("field 'prompt' must be a string, a list of strings or token ids")
-        if body.get("stream"):
-            raise BadRequest("field 'stream': streaming is served on /v1/chat/completions only")
         params, n = self._openai_params(body)
+        if body.get("stream"):
+            return await self._stream(request, prompts, params, n, "text_completion", None)
         results = await self._complete(prompts, params, n)
         choices = []
         for i, r in enumerate(results):
@@ -314,6 +314,8 @@ class Server:
                                                   tokenize=False, add_generation_prompt=True)
         prompts = [self._encode(text, "messages")]
         params, n = self._openai_params(body)
+        if body.get("stream"):
+            return await self._stream(request, prompts, params, n, "chat.completion.chunk", tools)
         results = await self._complete(prompts, params, n)
         choices = []
         for i, r in enumerate(results):
@@ -332,31 +334,58 @@ class Server:
             choices.append(choice)
         out = {"id": "chatcmpl-" + uuid.uuid4().hex, "object": "chat.completion", "created": int(time.time()),
                "model": self.model_name, "choices": choices, "usage": self._usage(prompts, n, results)}
-        if body.get("stream"):
-            return await self._stream_chat(request, out)
         return web.json_response(out)
 
-    async def _stream_chat(self, request: web.Request, out: dict) -> web.StreamResponse:
-        """``stream: true``: the finished response as ``chat.completion.chunk`` server-sent events
-        (role, content, tool calls, finish reason with usage), then ``[DONE]``. The engine decodes a
-        request whole, so the chunks come once it is done (the OpenAI clients read them alike)."""
+    async def _stream(self, request: web.Request, prompts: list[list[int]], params: SamplingParams, n: int,
+                      kind: str, tools) -> web.StreamResponse:
+        """``stream: true`` on either route: server-sent chunks of every choice as the engine samples
+        its tokens (choices interleaved, each with its ``index``), then ``[DONE]``. ``kind`` is the
+        chunk object: ``text_completion`` (``choices[].text``) or ``chat.completion.chunk``
+        (``choices[].delta``: role, content -- text inside a ``<tool_call>`` block is held back and
+        sent as ``tool_calls`` at the end -- and the finish reason). The last chunk carries ``usage``."""
+        from rlvr.agents.tools import TOOL_CALL, parse_tool_calls
+        from rlvr.engine.streaming import TextStream
+
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
+        chat = kind != "text_completion"
+        cid, created = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex, int(time.time())
+        lock = asyncio.Lock()
 
         async def send(i: int, delta: dict, reason=None, **extra) -> None:
-            chunk = {"id": out["id"], "object": "chat.completion.chunk", "created": out["created"],
-                     "model": out["model"], "choices": [{"index": i, "delta": delta, "finish_reason": reason}], **extra}
-            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            choice = {"index": i, "finish_reason": reason, **({"delta": delta} if chat else {"text": delta.get("content", ""), "logprobs": None})}
+            chunk = {"id": cid, "object": kind, "created": created, "model": self.model_name, "choices": [choice], **extra}
+            async with lock:
+                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
 
-        for c in out["choices"]:
-            i, msg = c["index"], c["message"]
-            await send(i, {"role": "assistant", "content": ""})
-            content = msg.get("content") or ""
-            for k in range(0, len(content), 16):
-                await send(i, {"content": content[k:k + 16]})
-            for k, call in enumerate(msg.get("tool_calls", [])):
-                await send(i, {"tool_calls": [{"index": k, "id": call["id"], "type": "function", "function": call["function"]}]})
-            await send(i, {}, c["finish_reason"])
+        async def one(i: int, prompt: list[int]) -> GenerateResult:
+            holds = params.stop + (("<tool_call>",) if chat and tools else ())
+            text, tokens, reason = TextStream(self.tokenizer, holds), [], "length"
+            if chat:
+                await send(i, {"role": "assistant", "content": ""})
+            async for piece in self.engine.stream(GenerateRequest(prompt, params, rid=uuid.uuid4().hex)):
+                tokens += piece.token_ids
+                reason = piece.finish_reason or reason
+                if piece.token_ids and (delta := text.push(piece.token_ids)):
+                    await send(i, {"content": delta})
+            result = GenerateResult("", tokens, [], reason, 0)
+            content = self._text(result, params)
+            calls = [c for c in parse_tool_calls(content) if c.error is None] if chat and tools else []
+            if rest := text.rest(TOOL_CALL.sub("", content) if calls else content):
+                await send(i, {"content": rest})
+            for k, c in enumerate(calls):
+                await send(i, {"tool_calls": [{"index": k, "id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+                                               "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}]})
+            finish = "tool_calls" if calls and reason == "stop" else reason
+            results[i] = result
+            if sum(r is not None for r in results) < len(results):
+                await send(i, {}, finish)
+            else:
+                await send(i, {}, finish, usage=self._usage(prompts, n, results))
+            return result
+
+        results: list[GenerateResult | None] = [None] * (len(prompts) * n)
+        await asyncio.gather(*(one(i, p) for i, p in enumerate(p for p in prompts for _ in range(n))))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp

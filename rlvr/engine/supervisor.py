@@ -7,7 +7,8 @@ over SGLang's HTTP protocol: local mode with ``--rollout-num-engines`` > 1 or
 ``--use-fault-tolerance``) and ``rlvr.distributed.engine_faults.RayActors`` (embedded-engine
 actors under ``--ray --use-fault-tolerance``). The policy below is written once, here, for both.
 
-Calls go to the live engine with the fewest outstanding requests (``rlvr.engine.balance``). A
+Calls go to the live engine with the fewest outstanding requests, the turns of one session
+(multi-turn sample) to one engine while it is up (``rlvr.engine.balance``). A
 transport either sends each request on its own (``batched = False``: HTTP, where a prompt group's
 requests spread over the engines) or a whole prompt group in one call (``batched = True``: an
 engine actor prefills the group's prompt once).
@@ -50,7 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from rlvr.engine.balance import least_outstanding
+from rlvr.engine.balance import Affinity
 from rlvr.engine.base import GenerateRequest, GenerateResult
 from rlvr.engine.config import EngineConfig
 from rlvr.testing import fault_point
@@ -169,6 +170,7 @@ class EngineSupervisor:
         self._aborted_rids: set[str] = set()
         self._closed = threading.Event()
         self._pool = ThreadPoolExecutor(len(self.slots), thread_name_prefix="rlvr-engine-call")
+        self.affinity = Affinity()  # session -> slot index
         handles = [transport.launch(slot.index, 0) for slot in self.slots]  # all start at once, then each is awaited
         try:
             for slot, handle in zip(self.slots, handles):
@@ -279,7 +281,7 @@ class EngineSupervisor:
         for attempt in range(self.max_restarts * len(self.slots) + len(self.slots) + 1):
             if self._abort_epoch != epoch or any(q.rid in self._aborted_rids for q in requests):
                 return [GenerateResult(q.rid, [], [], "abort", self._version) for q in requests]
-            slot = await self._pick()
+            slot = await self._pick(requests[0].session)
             if slot is None:  # closed
                 break
             down = loop.create_future()
@@ -317,14 +319,15 @@ class EngineSupervisor:
         error = "; ".join(errors[-5:]) or "the engines were closed"
         return [GenerateResult(q.rid, [], [], "error", self._version, {"error": error}) for q in requests]
 
-    async def _pick(self) -> Slot | None:
-        """The live engine with the fewest outstanding requests; waits while all are restarting;
-        None once closed; ``EnginesLost`` once every engine is removed."""
+    async def _pick(self, session: str = "") -> Slot | None:
+        """The session's engine while it is up, else the live engine with the fewest outstanding
+        requests; waits while all are restarting; None once closed; ``EnginesLost`` once every
+        engine is removed."""
         while True:
             with self._lock:
-                slot = least_outstanding([s for s in self.slots if s.up], lambda s: s.outstanding)
-                if slot is not None:
-                    return slot
+                i = self.affinity.pick(session, [s.index for s in self.slots if s.up], lambda i: self.slots[i].outstanding)
+                if i is not None:
+                    return self.slots[i]
                 if self._closed.is_set():
                     return None
                 if all(s.removed for s in self.slots):

@@ -370,9 +370,140 @@ class AsyncProducer:
         return fresh_copy(group)
 
 
+class RolloutFunctionProducer:
+    """``--async`` for a ``--rollout-function-path`` function, which owns its whole rollout (slime's
+    ``generate_rollout``): a thread calls it for the next rollouts ahead while the trainer trains.
+
+    Rollout ``r`` starts only once the engine holds version ``>= r - K`` (``--max-staleness K``),
+    so its tokens are at most K versions old when trained at version ``r``; ``K = 0`` waits for
+    each push (on-policy). A push reaches the engine between two calls, never during one (the
+    function's own requests and state are its business: ``--weight-update-inflight`` is moot).
+    At most ``K + 1`` batches are ready or being made. Same contract as ``AsyncProducer``."""
+
+    def __init__(self, rollout, max_staleness: int, version: int = 0):
+        self.rollout, self.max_staleness = rollout, max_staleness
+        self._cv = threading.Condition()
+        self._ready: dict[int, RolloutBatch] = {}
+        self._next_id = version  # the next rollout the thread generates
+        self.engine_version = version
+        self._pending_weights = None
+        self._busy = False  # a call of the function is running
+        self._closing = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="rlvr-rollout-function", daemon=True)
+        self._thread.start()
+
+    def next_batch(self, rollout_id: int) -> RolloutBatch:
+        t0 = time.perf_counter()
+        with self._cv:
+            while rollout_id not in self._ready:
+                if self._error is not None:
+                    raise RuntimeError("the rollout function failed") from self._error
+                self._cv.wait(timeout=1.0)
+            batch = self._ready.pop(rollout_id)
+            self._cv.notify_all()
+        batch.metrics["perf/rollout_wait_time"] = time.perf_counter() - t0
+        batch.metrics["rollout/engine_version"] = float(self.engine_version)
+        return batch
+
+    def update_weights(self, weights, version: int) -> None:
+        snapshot = {k: v.detach().clone() for k, v in weights.items()} if isinstance(weights, Mapping) else weights
+        with self._cv:
+            self._pending_weights = (snapshot, version)
+            self._cv.notify_all()
+
+    def wait_for_weights(self) -> None:
+        with self._cv:
+            while self._pending_weights is not None and self._error is None:
+                self._cv.wait(timeout=1.0)
+
+    def pending_groups(self) -> list[list[Sample]]:
+        """The groups of batches made but not trained, fresh (taken between two calls)."""
+        with self._cv:
+            return self._untrained()
+
+    def data_state(self) -> dict:
+        """The data source's state with the untrained groups in its buffer (see ``AsyncProducer``),
+        taken between two calls of the function, so no group it drew is missed."""
+        with self._cv:
+            pending = self._untrained()
+            state = self.rollout.data_source.state_dict()
+        return state | {"buffer": [[sample_to_dict(s) for s in g] for g in pending] + state["buffer"]}
+
+    def _untrained(self) -> list[list[Sample]]:
+        """Fresh copies of the ready batches' groups, once no call is running. Holds ``_cv``."""
+        while self._busy and self._error is None:
+            self._cv.wait(timeout=1.0)
+        out = []
+        for r in sorted(self._ready):
+            b = self._ready[r]
+            n = b.n_samples_per_prompt
+            out += [fresh_copy(b.samples[i: i + n]) for i in range(0, len(b.samples), n)]
+        return out
+
+    def close(self) -> None:
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+        self._thread.join(timeout=600)
+        if self._thread.is_alive():
+            log.error("the rollout function did not return within 600 s of the end of the run")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _main(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    while not (self._closing or self._pending_weights is not None or self._may_start()):
+                        self._cv.wait()
+                    if self._closing:
+                        return
+                    update, self._busy = self._pending_weights, self._pending_weights is None
+                if update is not None:
+                    self.rollout.update_weights(*update)
+                    with self._cv:
+                        if self._pending_weights is update:
+                            self._pending_weights = None
+                        self.engine_version = update[1]
+                        self._cv.notify_all()
+                    continue
+                batch = None
+                try:
+                    batch = self.rollout.generate(self._next_id)
+                finally:  # filed and marked idle at once: data_state never sees it in neither place
+                    with self._cv:
+                        self._busy = False
+                        if batch is not None:
+                            self._ready[self._next_id] = batch
+                            self._next_id += 1
+                        self._cv.notify_all()
+        except BaseException as e:  # contained: the trainer's next_batch raises it
+            log.exception("the rollout function failed")
+            with self._cv:
+                self._error = e
+                self._cv.notify_all()
+
+    def _may_start(self) -> bool:
+        """Rollout ``_next_id`` may start: within K versions of the engine's weights. Holds ``_cv``."""
+        return self._next_id - self.engine_version <= self.max_staleness
+
+
+def make_producer(rollout, concurrency: int, max_staleness: int, inflight: str = "abort", version: int = 0):
+    """The ``--async`` producer of ``rollout``: ``RolloutFunctionProducer`` when a rollout function
+    makes the whole rollout, else ``AsyncProducer`` (groups scheduled one by one)."""
+    if getattr(getattr(rollout, "agent", None), "rollout_fn", None) is not None:
+        return RolloutFunctionProducer(rollout, max_staleness, version)
+    return AsyncProducer(rollout, concurrency, max_staleness, inflight, version)
+
+
 def _draw(group: list[Sample]) -> int:
     """The draw number of a group (its uid): equally due groups are trained in draw order."""
     return int(group[0].group_uid or 0)
 
 
-__all__ = ["AsyncProducer", "SyncBatches", "fresh_copy", "min_version"]
+__all__ = ["AsyncProducer", "RolloutFunctionProducer", "SyncBatches", "fresh_copy", "make_producer", "min_version"]
