@@ -21,6 +21,7 @@ from rlvr.data.tokenizer import load_tokenizer
 from rlvr.errors import ConfigError
 from rlvr.rewards.grader import Grader
 from rlvr.rollout.rollout import Rollout
+from rlvr.slime_plugins import SlimeArgs
 from rlvr.train.trainer import Trainer
 
 __all__ = ["Components", "build_engine", "build_local", "check_fits_micro_batch", "export_hf", "load_tokenizer",
@@ -51,8 +52,11 @@ def read_dataset(cfg: Config, path: str) -> list[PromptRecord]:
 
 
 def read_eval_sets(cfg: Config) -> dict[str, list[PromptRecord]]:
-    """Every ``--eval-prompt-data`` set by name, read whole (they are small)."""
-    return {name: read_dataset(cfg, path) for name, path in cfg.eval.datasets()}
+    """Every ``--eval-prompt-data`` set by name, read whole (they are small), with
+    ``--eval-input-key`` / ``--eval-label-key`` where given."""
+    d, e = cfg.data, cfg.eval
+    return {name: read_prompts(path, e.eval_input_key or d.input_key, e.eval_label_key or d.label_key, d.metadata_key)
+            for name, path in e.datasets()}
 
 
 def open_training_data(cfg: Config, tokenizer) -> PromptDataset:
@@ -84,10 +88,11 @@ def make_trainer(cfg: Config, parallel=None) -> Trainer:
 
 def make_rollout(cfg: Config, engine, tokenizer, records) -> Rollout:
     d = cfg.data
+    args = SlimeArgs(cfg)  # slime-signature plugins get the whole config as ``args``, as in slime
     rollout = Rollout(cfg.rollout, engine, tokenizer,
                       DataSource(records, shuffle=d.rollout_shuffle, seed=d.rollout_seed),
-                      Grader(cfg.reward), apply_chat_template=d.apply_chat_template,
-                      chat_template_kwargs=d.chat_template_kwargs())
+                      Grader(cfg.reward, args), apply_chat_template=d.apply_chat_template,
+                      chat_template_kwargs=d.chat_template_kwargs(), slime_args=args)
     a = cfg.agent
     if a.per_sample or a.rollout_function_path:  # multi-turn hooks (issue 17); they get the whole config, as slime's
         from rlvr.agents.hooks import Agent

@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import difflib
 import json
+import logging
 import types
 import typing
 from dataclasses import dataclass, field, fields
@@ -29,6 +30,7 @@ from rlvr.agents.config import AgentConfig
 from rlvr.algo.config import AlgoConfig
 from rlvr.distributed.config import ClusterConfig
 from rlvr.engine.config import EngineConfig
+from rlvr import slime_flags
 from rlvr.errors import ConfigError
 from rlvr.fields import check_bounds, flag_of, help_of, static_choices
 from rlvr.fields import option as _f
@@ -103,6 +105,13 @@ class RolloutConfig:
     rollout_concurrency: int | None = _f(
         None, "--async: prompt groups in flight at once (each --n-samples-per-prompt requests); default --rollout-batch-size", ge=1
     )
+    # ---- slime's rollout flags (issue 20.5) ----
+    rollout_stop: list[str] = _f([], "stop strings: a response finishes once its text contains one (training and eval)")
+    rollout_stop_token_ids: list[int] = _f([], "token ids that finish a response, besides the tokenizer's EOS")
+    log_passrate: bool = _f(False, "log passrate/pass@k of each rollout's groups (k = 1, 2, 4, ... <= n) and eval/<name>-pass@k")
+    rollout_sample_filter_path: str | None = _f(
+        None, "slime's fn(args, samples): samples it marks remove_sample=True get loss mask 0 (kept in the batch)"
+    )
 
     def validate(self) -> None:
         check_bounds(self)  # the ranges and choices declared on the fields
@@ -159,6 +168,8 @@ class TrainConfig:
     balance_data: bool = _f(False, "split a rollout across data-parallel ranks by token count (Karmarkar-Karp)")
     bf16: bool = _f(False, "bfloat16 parameters and activations, float32 master weights in the optimizer")
     recompute_activations: bool = _f(False, "recompute each layer's activations in backward to save memory")
+    optimizer: str = _f("adam", "slime's optimizer name; Megatron's adam is AdamW (decoupled weight decay), "
+                                "which is what rlvr runs", ["adam"])
     max_consecutive_skipped_steps: int = _f(3, "stop after this many optimizer steps in a row skipped for a non-finite loss/grad norm", ge=1)
 
     def validate(self) -> None:
@@ -172,7 +183,12 @@ class TrainConfig:
         if self.use_dynamic_batch_size and not self.max_tokens_per_gpu:
             raise ConfigError("--max-tokens-per-gpu", "is required with --use-dynamic-batch-size")
         if self.ref_load is not None and not (Path(self.ref_load) / "config.json").is_file():
-            raise ConfigError("--ref-load", f"{self.ref_load} has no config.json; point it at a HF model directory")
+            megatron = (Path(self.ref_load) / "latest_checkpointed_iteration.txt").is_file() or any(
+                Path(self.ref_load).glob("**/*.distcp")) if Path(self.ref_load).is_dir() else False
+            raise ConfigError("--ref-load", (f"{self.ref_load} is a Megatron checkpoint (slime's torch_dist); rlvr reads "
+                                             "Hugging Face checkpoints: give the HF directory it was converted from, or "
+                                             "drop --ref-load (the reference is then the initial --hf-checkpoint)")
+                              if megatron else f"{self.ref_load} has no config.json; point it at a HF model directory")
         if self.log_probs_chunk_size == 0 or self.log_probs_chunk_size < -1:
             raise ConfigError("--log-probs-chunk-size", f"must be >= 1 or -1 (one chunk), got {self.log_probs_chunk_size}")
 
@@ -189,6 +205,8 @@ class EvalConfig:
     skip_eval_before_train: bool = _f(False, "do not evaluate the starting checkpoint")
     eval_top_p: float | None = _f(None, "nucleus mass in eval; default --rollout-top-p (1 when greedy)", gt=0, le=1)
     eval_top_k: int | None = _f(None, "top-k in eval; default --rollout-top-k (off when greedy)")
+    eval_input_key: str | None = _f(None, "prompt field of the eval sets; default --input-key")
+    eval_label_key: str | None = _f(None, "label field of the eval sets; default --label-key")
     sft_stop_score: float | None = _f(
         None, "rlvr sft: stop at the first evaluation (every --eval-interval steps) whose score on the first "
               "--eval-prompt-data set is >= this; off when unset", ge=0)
@@ -252,6 +270,10 @@ class RunConfig:
     save: str | None = _f(None, "checkpoint directory; default OUTPUT_DIR/checkpoints")
     save_interval: int | None = _f(None, "save a checkpoint every N rollouts (and at the end)", ge=1)
     use_tensorboard: bool = _f(False, "write TensorBoard events to OUTPUT_DIR/tensorboard")
+    tensorboard_dir: str | None = _f(None, "TensorBoard root instead of OUTPUT_DIR/tensorboard; default $TENSORBOARD_DIR if set")
+    num_epoch: int | None = _f(
+        None, "set --num-rollout to NUM_EPOCH x prompts in --prompt-data // --rollout-batch-size (ignored when "
+              "--num-rollout is given, as in slime)", ge=1)
     # -- checkpoints and resume
     load: str | None = _f(None, "resume from the newest checkpoint in this directory (none there yet: start fresh)")
     keep_last_k: int | None = _f(None, "keep only the newest K checkpoints under --save; default keep all", ge=1)
@@ -476,6 +498,7 @@ def _base_type(tp: Any) -> tuple[Any, bool]:
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """Add every config field as a flag whose default is 'not given' (so YAML can fill it)."""
     parser.add_argument("--config", help="YAML file with the same fields; flags override it")
+    slime_flags.add_arguments(parser, set(FIELDS) | set(ALIASES))
     for group, cls in GROUPS.items():
         section = parser.add_argument_group(group, cls.__doc__)
         for f in fields(cls):
@@ -559,7 +582,27 @@ def merged_values(ns: argparse.Namespace) -> dict[str, Any]:
         for name, v in _read_yaml(ns.config).items():
             values[name] = _coerce(name, v, ns.config)
     values.update({k: v for k, v in vars(ns).items() if k in FIELDS})
+    for name, v in slime_flags.apply(ns, values).items():  # slime-only flags (docs/slime_flags.md)
+        values.setdefault(name, _coerce(name, v, slime_flags.flag(name)))
+    _num_rollout_from_epochs(values)
     return values
+
+
+def _num_rollout_from_epochs(values: dict[str, Any]) -> None:
+    """slime's ``--num-epoch``: when ``--num-rollout`` is not given, it is the epochs times the
+    prompts of ``--prompt-data`` (rows, before any --rollout-max-prompt-len drop) over the batch."""
+    if values.get("num_epoch") is None:
+        return
+    if "num_rollout" in values:
+        logging.getLogger(__name__).info("--num-epoch is ignored: --num-rollout %s is given (slime)", values["num_rollout"])
+        return
+    from rlvr.data.readers import open_rows
+
+    path = values.get("prompt_data")
+    if path is None or not Path(path).exists():
+        raise ConfigError("--num-epoch", "needs --prompt-data (its size sets --num-rollout)")
+    batch = values.get("rollout_batch_size", RolloutConfig.rollout_batch_size)
+    values["num_rollout"] = max(1, values["num_epoch"] * len(open_rows(path)) // batch)
 
 
 def make_parser(prog: str = "rlvr train") -> argparse.ArgumentParser:
