@@ -582,8 +582,12 @@ def merged_values(ns: argparse.Namespace) -> dict[str, Any]:
         for name, v in _read_yaml(ns.config).items():
             values[name] = _coerce(name, v, ns.config)
     values.update({k: v for k, v in vars(ns).items() if k in FIELDS})
-    for name, v in slime_flags.apply(ns, values).items():  # slime-only flags (docs/slime_flags.md)
-        values.setdefault(name, _coerce(name, v, slime_flags.flag(name)))
+    for name, text in slime_flags.apply(ns, values).items():  # slime-only flags (docs/slime_flags.md)
+        tp = _base_type(FIELDS[name][1].type)[0]
+        try:
+            values.setdefault(name, tp(text))
+        except ValueError:
+            raise ConfigError(flag_of(name), f"expected {tp.__name__}, got {text!r}") from None
     _num_rollout_from_epochs(values)
     return values
 

@@ -56,6 +56,7 @@ class SlimeFlag:
     takes_value: bool = True  # False: a switch (--sequence-parallel)
     neutral: Callable[[str], bool] | None = None  # ignored with a value: the values accepted
     target: str | None = None  # alias: the rlvr field it sets; shape: the config.json key
+    topic: str = ""  # the warning line groups ignored flags by this
 
 
 def _num_is(*good: float) -> Callable[[str], bool]:
@@ -77,6 +78,10 @@ def _add(kind: str, names: str, why: str, **kw) -> None:
 
 
 # ---- Megatron parallelism: meaningful only at size 1 ----------------------------------------
+_MP = "Megatron model parallelism at size 1 (rlvr: whole model per rank)"
+_KERNEL = "Megatron kernels/numerics (rlvr: transformers modules, float32 gradients)"
+_SGLANG = "SGLang server tuning (rlvr: embedded engine)"
+_ARCH = "model shape (rlvr: --hf-checkpoint's config.json, checked)"
 _PARALLEL = ("rlvr trains the whole model in each data-parallel rank (no {what}); drop the flag or set it to 1, "
              "and scale with data-parallel ranks (--ray, docs/scaling.md)")
 for _name, _what in (("tensor_model_parallel_size", "tensor parallelism"),
@@ -85,28 +90,33 @@ for _name, _what in (("tensor_model_parallel_size", "tensor parallelism"),
                      ("expert_model_parallel_size", "expert parallelism"),
                      ("expert_tensor_parallel_size", "expert tensor parallelism"),
                      ("virtual_pipeline_model_parallel_size", "virtual pipeline stages")):
-    _add("ignored", _name, _PARALLEL.format(what=_what), neutral=_num_is(1))
-_add("ignored", "sequence_parallel", "a tensor-parallel memory layout; rlvr has no tensor parallelism", takes_value=False)
+    _add("ignored", _name, _PARALLEL.format(what=_what), neutral=_num_is(1), topic=_MP)
+_add("ignored", "sequence_parallel", "a tensor-parallel memory layout; rlvr has no tensor parallelism", takes_value=False,
+     topic=_MP)
 # ---- Megatron kernels and numerics that rlvr already does, or that change no result ----------
-_add("ignored", "attention_backend", "a Megatron kernel choice; rlvr uses the checkpoint's transformers attention")
+_add("ignored", "attention_backend", "a Megatron kernel choice; rlvr uses the checkpoint's transformers attention",
+     topic=_KERNEL)
 _add("ignored", "accumulate_allreduce_grads_in_fp32",
-     "rlvr keeps gradients and their all-reduce in float32 (float32 master weights)", takes_value=False)
-_add("ignored", "attention_softmax_in_fp32", "transformers computes the attention softmax in float32", takes_value=False)
+     "rlvr keeps gradients and their all-reduce in float32 (float32 master weights)", takes_value=False, topic=_KERNEL)
+_add("ignored", "attention_softmax_in_fp32", "transformers computes the attention softmax in float32", takes_value=False,
+     topic=_KERNEL)
 _add("ignored", "no_gradient_accumulation_fusion no_bias_swiglu_fusion no_bias_dropout_fusion no_rope_fusion "
      "no_masked_softmax_fusion use_distributed_optimizer overlap_grad_reduce overlap_param_gather",
-     "a Megatron kernel fusion or communication overlap; no effect on the numbers rlvr computes", takes_value=False)
-_add("ignored", "deterministic_mode", "rlvr on CPU is deterministic for a given --seed already", takes_value=False)
+     "a Megatron kernel fusion or communication overlap; no effect on the numbers rlvr computes", takes_value=False,
+     topic=_KERNEL)
+_add("ignored", "deterministic_mode", "rlvr on CPU is deterministic for a given --seed already", takes_value=False,
+     topic=_KERNEL)
 _add("ignored", "attention_dropout hidden_dropout",
      "rlvr trains with the checkpoint's config.json dropout; 0 here matches RL practice (Qwen configs: 0)",
-     neutral=_num_is(0))
+     neutral=_num_is(0), topic="dropout 0 (rlvr: the checkpoint's config.json dropout)")
 # ---- SGLang tuning the embedded engine has no use for -----------------------------------------
 _add("ignored", "sglang_attention_backend sglang_chunked_prefill_size sglang_cuda_graph_max_bs "
      "sglang_cuda_graph_bs sglang_disable_cuda_graph sglang_log_level sglang_server_concurrency "
      "sglang_router_ip sglang_router_port",
-     "SGLang server tuning; the embedded engine decodes with transformers and has no such setting")
+     "SGLang server tuning; the embedded engine decodes with transformers and has no such setting", topic=_SGLANG)
 _add("ignored", "sglang_enable_deterministic_inference sglang_disable_radix_cache sglang_enable_metrics",
      "SGLang server tuning; the embedded engine is deterministic per --seed and caches no prefixes",
-     takes_value=False)
+     takes_value=False, topic=_SGLANG)
 _add("builtin", "use_slime_router", "rlvr always sends each request to the engine with the fewest outstanding "
      "requests (rlvr.engine.balance), slime's router policy", takes_value=False)
 _add("alias", "sglang_max_running_requests", "", target="rollout_max_running_requests")
@@ -128,12 +138,15 @@ _SHAPE = {"num_layers": "num_hidden_layers", "hidden_size": "hidden_size", "ffn_
           "kv_channels": "head_dim", "norm_epsilon": "rms_norm_eps", "rotary_base": "rope_theta",
           "vocab_size": "vocab_size"}
 for _name, _key in _SHAPE.items():
-    _add("shape", _name, "the architecture is --hf-checkpoint's config.json", target=_key)
+    _add("shape", _name, "the architecture is --hf-checkpoint's config.json", target=_key, topic=_ARCH)
+_add("shape", "untie_embeddings_and_output_weights", "the architecture is --hf-checkpoint's config.json",
+     takes_value=False, target="tie_word_embeddings", topic=_ARCH)
 _add("ignored", "swiglu group_query_attention use_rotary_position_embeddings disable_bias_linear qk_layernorm "
-     "untie_embeddings_and_output_weights add_qkv_bias",
-     "the architecture is --hf-checkpoint's config.json (transformers builds it from there)", takes_value=False)
+     "add_qkv_bias",
+     "the architecture is --hf-checkpoint's config.json (transformers builds it from there)", takes_value=False,
+     topic=_ARCH)
 _add("ignored", "normalization position_embedding_type",
-     "the architecture is --hf-checkpoint's config.json (transformers builds it from there)")
+     "the architecture is --hf-checkpoint's config.json (transformers builds it from there)", topic=_ARCH)
 
 SLIME_FLAGS: dict[str, SlimeFlag] = {}
 for _f in _FLAGS:
@@ -170,7 +183,7 @@ def apply(ns: argparse.Namespace, values: dict[str, Any]) -> dict[str, Any]:
     """Check the table flags given on the command line: refuse, warn once about the ignored ones,
     and return the config values the aliases set (``values`` is what flags and YAML set so far)."""
     given = {k[len(PREFIX):]: v for k, v in vars(ns).items() if k.startswith(PREFIX)}
-    ignored: list[str] = []
+    ignored: dict[str, list[str]] = {}  # topic -> flags
     out: dict[str, Any] = {}
     for name, value in given.items():
         f = SLIME_FLAGS[name]
@@ -182,15 +195,14 @@ def apply(ns: argparse.Namespace, values: dict[str, Any]) -> dict[str, Any]:
             continue
         elif f.kind == "shape":
             _check_shape(f, value, values.get("hf_checkpoint"))
-            ignored.append(flag(name))
+            ignored.setdefault(f.topic, []).append(flag(name))
         elif f.neutral is not None and not f.neutral(value):
             raise ConfigError(flag(name), f"{value} would change the result: {f.why}")
         else:
-            ignored.append(flag(name) if value is True else f"{flag(name)} {value}")
+            ignored.setdefault(f.topic, []).append(flag(name) if value is True else f"{flag(name)} {value}")
     if ignored:
-        reasons = sorted({SLIME_FLAGS[i.split()[0][2:].replace('-', '_')].why for i in ignored})
-        log.warning("ignored slime flags (no meaning in rlvr, see docs/slime_flags.md): %s -- %s",
-                    ", ".join(ignored), "; ".join(reasons))
+        log.warning("ignored slime flags, no meaning in rlvr (docs/slime_flags.md): %s",
+                    "; ".join(f"{topic}: {' '.join(flags)}" for topic, flags in ignored.items()))
     return out
 
 
@@ -200,7 +212,12 @@ def _check_shape(f: SlimeFlag, value: str, checkpoint: str | None) -> None:
     if path is None or not path.is_file():
         return  # --hf-checkpoint's own check reports a missing checkpoint
     config = json.loads(path.read_text())
-    expected = config.get(f.target)
+    if not f.takes_value:  # --untie-embeddings-and-output-weights: the checkpoint must not tie them
+        if config.get(f.target, False):
+            raise ConfigError(flag(f.name), f"disagrees with {f.target}=true in {path}: the model is built from "
+                                            "--hf-checkpoint's config.json; drop the flag")
+        return
+    expected = config.get(f.target, config.get("rope_parameters", {}).get(f.target))  # transformers 5: rope_parameters
     if f.target == "head_dim" and expected is None and config.get("num_attention_heads"):
         expected = config["hidden_size"] // config["num_attention_heads"]  # transformers' default head size
     if expected is None:
@@ -223,7 +240,8 @@ def table_rows() -> list[tuple[str, str, str]]:
         elif f.kind == "builtin":
             rows.append((flag(f.name), "built in", f.why))
         elif f.kind == "shape":
-            rows.append((flag(f.name), "checked", f"must equal config.json `{f.target}`"))
+            rows.append((flag(f.name), "checked", f"config.json `{f.target}` must be false" if not f.takes_value
+                         else f"must equal config.json `{f.target}`"))
         else:
             rule = "ignored" + (" if neutral" if f.neutral else "") if f.kind == "ignored" else "refused"
             rows.append((flag(f.name), rule, f.why))
