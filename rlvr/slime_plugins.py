@@ -176,16 +176,6 @@ def estimator_rewards(samples, rewards: torch.Tensor, algo):
     return post, dataclasses.replace(algo, disable_rewards_normalization=True)
 
 
-def slime_rewards(rewards: "torch.Tensor", n: int, algo, group_relative: bool) -> "torch.Tensor":
-    """What slime's rollout_data["rewards"] holds for the same rewards: group-normalised for the
-    group-relative estimators (slime's ``_post_process_rewards``) unless normalisation is off."""
-    from rlvr.algo.advantages import group_normalize
-
-    if not group_relative or algo.disable_rewards_normalization or len(rewards) % n:
-        return rewards
-    return group_normalize(rewards, n, std_normalize=not algo.disable_grpo_std_normalization)
-
-
 # ---- custom TIS -----------------------------------------------------------------------------
 def adapt_tis(fn: Callable) -> Callable:
     """slime's keyword TIS function as rlvr's ``f(pg_loss, train_log_probs, rollout_log_probs,

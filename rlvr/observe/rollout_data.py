@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rlvr.algo.advantages import group_normalize
+
 
 def per_rollout_mean(x: Tensor, mask: Tensor) -> float:
     """Mean over samples of each row's masked mean. x, mask: [B, T].
@@ -33,3 +35,11 @@ def rollout_data_metrics(mask: Tensor, per_token: dict[str, Tensor | None], per_
     out = {f"rollout/{k}": per_rollout_mean(v, mask) for k, v in per_token.items() if v is not None}
     out |= {f"rollout/{k}": float(v.float().mean()) for k, v in per_sample.items() if v.numel()}
     return out
+
+
+def slime_rewards(rewards: Tensor, n: int, algo, group_relative: bool) -> Tensor:
+    """What slime's rollout_data["rewards"] holds for the same rewards: group-normalised for the
+    group-relative estimators (slime's ``_post_process_rewards``) unless normalisation is off."""
+    if not group_relative or algo.disable_rewards_normalization or len(rewards) % n:
+        return rewards
+    return group_normalize(rewards, n, std_normalize=not algo.disable_grpo_std_normalization)

@@ -59,8 +59,8 @@ from rlvr.algo import (
     masked_whiten,
 )
 from rlvr.config import TrainConfig
-from rlvr.observe.rollout_data import rollout_data_metrics
-from rlvr.slime_plugins import estimator_rewards, slime_rewards
+from rlvr.observe.rollout_data import rollout_data_metrics, slime_rewards
+from rlvr.slime_plugins import estimator_rewards
 from rlvr.testing import hook_loss, trainer_seam
 from rlvr.train.batching import first_fit_decreasing, fixed_size, micro_batches, pad_right
 from rlvr.train.critic import CriticTrainer
