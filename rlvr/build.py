@@ -94,7 +94,7 @@ def make_rollout(cfg: Config, engine, tokenizer, records) -> Rollout:
                       Grader(cfg.reward, args), apply_chat_template=d.apply_chat_template,
                       chat_template_kwargs=d.chat_template_kwargs(), slime_args=args)
     a = cfg.agent
-    if a.per_sample or a.rollout_function_path:  # multi-turn hooks (issue 17); they get the whole config, as slime's
+    if a.per_sample or a.rollout_function_path or cfg.eval.eval_function_path:  # multi-turn hooks (issue 17); they get the whole config, as slime's
         from rlvr.agents.hooks import Agent
 
         rollout.agent = Agent(cfg, engine, tokenizer, rollout)

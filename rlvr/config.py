@@ -205,6 +205,9 @@ class EvalConfig:
     skip_eval_before_train: bool = _f(False, "do not evaluate the starting checkpoint")
     eval_top_p: float | None = _f(None, "nucleus mass in eval; default --rollout-top-p (1 when greedy)", gt=0, le=1)
     eval_top_k: int | None = _f(None, "top-k in eval; default --rollout-top-k (off when greedy)")
+    eval_function_path: str | None = _f(
+        None, "pkg.module:fn(cfg, rollout_id, data_source, evaluation=True) -> samples: the rollout of evaluation only "
+              "(slime; default --rollout-function-path, else the built-in rollout)")
     eval_input_key: str | None = _f(None, "prompt field of the eval sets; default --input-key")
     eval_label_key: str | None = _f(None, "label field of the eval sets; default --label-key")
     sft_stop_score: float | None = _f(
@@ -223,7 +226,10 @@ class EvalConfig:
         if len(self.eval_prompt_data) > 1 and len(self.eval_prompt_data) % 2:
             raise ConfigError("--eval-prompt-data", "takes NAME PATH pairs (or one PATH); got an odd count")
         from rlvr.data.readers import dataset_kind
+        from rlvr.registry import load_function
 
+        if self.eval_function_path is not None:
+            load_function(self.eval_function_path, "--eval-function-path")  # names the flag if it cannot be imported
         for name, path in self.datasets():
             try:
                 dataset_kind(path)
@@ -345,6 +351,14 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+
+    def __getattr__(self, name: str) -> Any:
+        """Any field by its flat (slime) name, ``cfg.n_samples_per_prompt`` for
+        ``cfg.rollout.n_samples_per_prompt``: the hooks that get the whole config where slime passes
+        ``args`` (custom generate, rollout and eval functions) read it as slime's code does."""
+        if name in FIELDS:
+            return getattr(getattr(self, FIELDS[name][0]), name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # ---- derived numbers (seed 000 §2.1) ----------------------------------------------
     @property

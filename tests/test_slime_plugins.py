@@ -49,6 +49,19 @@ def drop_first_of_group(args, samples):
         group[0].remove_sample = True
 
 
+def eval_rollout(args, rollout_id, data_source, evaluation=False):
+    # slime's eval function; the eval set was read with --eval-input-key question --eval-label-key answer
+    assert evaluation and args.n_samples_per_eval_prompt == 2
+    samples = []
+    for record in data_source.records:
+        assert "plus" in record.prompt and record.label == "2"
+        for _ in range(args.n_samples_per_eval_prompt):
+            samples.append(Sample(prompt=record.prompt, prompt_ids=[1], label=record.label, response="x",
+                                  response_ids=[5, 5, 5], rollout_log_probs=[0.0] * 3, loss_mask=[1] * 3,
+                                  status=Sample.Status.TRUNCATED))
+    return samples
+
+
 def my_tis(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks, **kwargs):
     old, q = torch.cat(train_log_probs), torch.cat(rollout_log_probs)
     w = torch.exp(old - q).clamp(max=args.tis_clip)
@@ -114,6 +127,7 @@ def test_two_rollout_cli_run_with_slime_plugins_and_slime_metrics(tiny_qwen2, tm
             "--use-kl-loss", "--kl-loss-coef", "0.01", "--log-passrate", "--rollout-stop-token-ids", "7",
             "--eval-prompt-data", "toy", str(test), "--eval-input-key", "question", "--eval-label-key", "answer",
             "--n-samples-per-eval-prompt", "2", "--eval-temperature", "1.0", "--skip-eval-before-train",
+            "--eval-function-path", "my_slime_plugins.eval_rollout",
             "--use-tensorboard", "--output-dir", str(out), "--tensor-model-parallel-size", "1", "--use-slime-router"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
            "TENSORBOARD_DIR": str(tb), "OMP_NUM_THREADS": "1"}
@@ -137,6 +151,8 @@ def test_two_rollout_cli_run_with_slime_plugins_and_slime_metrics(tiny_qwen2, tm
     train = [x for x in records if "train/step" in x]
     assert len(train) == 2 and all(0 < x["train/my_tis_weight"] <= 2.0 for x in train)  # the slime TIS ran
     evals = [x for x in records if "eval/step" in x]
-    assert evals and "eval/toy-truncated_ratio" in evals[-1] and "eval/toy-pass@2" in evals[-1]
+    assert evals and evals[-1]["eval/toy-truncated_ratio"] == 1.0 and "eval/toy-pass@2" in evals[-1]
+    assert evals[-1]["eval/toy/response_len/mean"] == 3.0  # the eval function's samples, graded by custom_rm
+    assert evals[-1]["eval/toy"] == 0.0  # len(tokens) = 4: acc 0
     assert list(Path(tb).rglob("events.out.tfevents.*"))  # TENSORBOARD_DIR honoured
     assert not (out / "tensorboard").exists()

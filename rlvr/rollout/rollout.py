@@ -141,7 +141,7 @@ class Rollout:
             max_new_tokens=cfg.eval_max_response_len or self.cfg.rollout_max_response_len,
             stop_token_ids=self.stop_ids, stop=self.stop,
         )
-        if self.agent is not None and self.agent.rollout_fn is not None:  # --rollout-function-path
+        if self.agent is not None and self.agent.eval_fn is not None:  # --eval-function-path / --rollout-function-path
             from rlvr.agents.hooks import EvalData
 
             groups, _ = self.agent.run_rollout(None, EvalData(name, records, cfg.n_samples_per_eval_prompt), True)
