@@ -21,7 +21,7 @@ from rlvr.data.tokenizer import load_tokenizer
 from rlvr.errors import ConfigError
 from rlvr.rewards.grader import Grader
 from rlvr.rollout.rollout import Rollout
-from rlvr.slime_plugins import SlimeArgs
+from rlvr.slime_plugins import SlimeArgs, slime_data_source
 from rlvr.train.trainer import Trainer
 
 __all__ = ["Components", "build_engine", "build_local", "check_fits_micro_batch", "export_hf", "load_tokenizer",
@@ -89,8 +89,9 @@ def make_trainer(cfg: Config, parallel=None) -> Trainer:
 def make_rollout(cfg: Config, engine, tokenizer, records) -> Rollout:
     d = cfg.data
     args = SlimeArgs(cfg)  # slime-signature plugins get the whole config as ``args``, as in slime
-    rollout = Rollout(cfg.rollout, engine, tokenizer,
-                      DataSource(records, shuffle=d.rollout_shuffle, seed=d.rollout_seed),
+    source = (slime_data_source(d.data_source_path, args) if d.data_source_path  # slime's DataSource class
+              else DataSource(records, shuffle=d.rollout_shuffle, seed=d.rollout_seed))
+    rollout = Rollout(cfg.rollout, engine, tokenizer, source,
                       Grader(cfg.reward, args), apply_chat_template=d.apply_chat_template,
                       chat_template_kwargs=d.chat_template_kwargs(), slime_args=args)
     a = cfg.agent

@@ -54,6 +54,10 @@ class DataConfig:
     rollout_max_prompt_len: int | None = _f(
         None, "drop (and count) training prompts longer than this many tokens; never truncated", ge=1
     )
+    data_source_path: str | None = _f(
+        None, "slime's DataSource class, pkg.module:Cls(args) with get_samples(n) -> groups: where training prompts "
+              "come from (--prompt-data is still read for the start-up checks)"
+    )
 
     def chat_template_kwargs(self) -> dict:
         return json.loads(self.apply_chat_template_kwargs) if self.apply_chat_template_kwargs else {}
@@ -62,6 +66,10 @@ class DataConfig:
         check_bounds(self)  # the ranges and choices declared on the fields
         from rlvr.data.readers import dataset_kind
 
+        if self.data_source_path is not None:
+            from rlvr.registry import load_function
+
+            load_function(self.data_source_path, "--data-source-path")
         if self.prompt_data is not None:
             try:
                 dataset_kind(self.prompt_data)
@@ -128,6 +136,10 @@ class RolloutConfig:
                     resolve(registry, value, flag)
                 except KeyError as e:
                     raise ConfigError(flag, str(e.args[0])) from None
+        if self.rollout_sample_filter_path is not None:
+            from rlvr.registry import load_function
+
+            load_function(self.rollout_sample_filter_path, "--rollout-sample-filter-path")
         if self.overlong_buffer_len is not None and not 0 < self.overlong_buffer_len <= self.rollout_max_response_len:
             raise ConfigError(
                 "--overlong-buffer-len",

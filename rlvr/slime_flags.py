@@ -121,9 +121,6 @@ _add("builtin", "use_slime_router", "rlvr always sends each request to the engin
      "requests (rlvr.engine.balance), slime's router policy", takes_value=False)
 _add("alias", "sglang_max_running_requests", "", target="rollout_max_running_requests")
 # ---- values that would change the result ---------------------------------------------------
-_add("refused", "data_source_path",
-     "rlvr's data source (prompts from --prompt-data, partial groups buffered) cannot be replaced yet; "
-     "use --rollout-function-path to take prompts from elsewhere")
 _add("refused", "custom_loss_function_path loss_type",
      "rlvr's loss is the registered policy loss (--pg-loss-type) plus KL/entropy terms; register a policy loss "
      "(rlvr.algo.policy_loss.POLICY_LOSSES, docs/algorithms.md) instead")

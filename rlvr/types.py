@@ -25,8 +25,8 @@ class Status(str, enum.Enum):
 
 @dataclass
 class Sample:
-    prompt: str
-    prompt_ids: list[int]
+    prompt: str = ""  # defaults: slime's data sources build Sample(prompt=..., label=...)
+    prompt_ids: list[int] = field(default_factory=list)
     label: Any = None
     metadata: dict = field(default_factory=dict)
     group_index: int = 0  # which prompt group of the rollout

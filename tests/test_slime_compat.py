@@ -107,7 +107,7 @@ def test_seed_000_full_script_parses_honours_and_warns_once(tiny_qwen2, files, t
     ("--hidden-dropout", "0.1", "config.json dropout"),
     ("--num-layers", "36", "disagrees with num_hidden_layers"),
     ("--rotary-base", "1000000", "disagrees with rope_theta"),
-    ("--data-source-path", "my.mod:Source", "--rollout-function-path"),
+    ("--load-format", "torch_dist", "Hugging Face checkpoints only"),
     ("--loss-type", "custom_loss", "register a policy loss"),
 ])
 def test_values_that_would_change_the_result_are_refused(tiny_qwen2, files, flag, value, says):

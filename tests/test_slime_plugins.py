@@ -62,6 +62,31 @@ def eval_rollout(args, rollout_id, data_source, evaluation=False):
     return samples
 
 
+class CountingSource:  # slime's DataSource protocol (slime.rollout.data_source.DataSource)
+    def __init__(self, args):
+        self.n, self.i = args.n_samples_per_prompt, 0
+
+    def get_samples(self, num_samples):
+        groups = []
+        for _ in range(num_samples):
+            s = Sample(prompt=f"{self.i} times 2 is", label=str(2 * self.i), metadata={"source_name": "counting"})
+            groups.append([s] * self.n)
+            self.i += 1
+        return groups
+
+    def add_samples(self, samples):
+        pass
+
+    def save(self, rollout_id):
+        pass
+
+    def load(self, rollout_id=None):
+        pass
+
+    def __len__(self):
+        return 10**6
+
+
 def my_tis(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks, **kwargs):
     old, q = torch.cat(train_log_probs), torch.cat(rollout_log_probs)
     w = torch.exp(old - q).clamp(max=args.tis_clip)
@@ -111,6 +136,21 @@ def test_slime_paths_map_or_name_the_rlvr_equivalent(tiny_qwen2, tmp_path):
         parse_config(base + ["--custom-rm-path", "slime.utils.types:whatever"])
 
 
+def test_slime_data_source_hands_out_prompts_and_resumes_by_replay(tmp_path, monkeypatch):
+    (tmp_path / "src_mod.py").write_text(PLUGINS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from rlvr.config import Config
+    from rlvr.slime_plugins import slime_data_source
+
+    args = SlimeArgs(Config())
+    source = slime_data_source("src_mod:CountingSource", args)
+    assert [r.label for r in source.next_prompts(3)] == ["0", "2", "4"] and source.position == 3
+    state = source.state_dict()
+    again = slime_data_source("src_mod:CountingSource", args)
+    again.load_state_dict(state)
+    assert [r.prompt for r in again.next_prompts(2)] == ["3 times 2 is", "4 times 2 is"]
+
+
 @pytest.mark.slow
 def test_two_rollout_cli_run_with_slime_plugins_and_slime_metrics(tiny_qwen2, tmp_path):
     (tmp_path / "my_slime_plugins.py").write_text(PLUGINS)
@@ -127,7 +167,7 @@ def test_two_rollout_cli_run_with_slime_plugins_and_slime_metrics(tiny_qwen2, tm
             "--use-kl-loss", "--kl-loss-coef", "0.01", "--log-passrate", "--rollout-stop-token-ids", "7",
             "--eval-prompt-data", "toy", str(test), "--eval-input-key", "question", "--eval-label-key", "answer",
             "--n-samples-per-eval-prompt", "2", "--eval-temperature", "1.0", "--skip-eval-before-train",
-            "--eval-function-path", "my_slime_plugins.eval_rollout",
+            "--eval-function-path", "my_slime_plugins.eval_rollout", "--data-source-path", "my_slime_plugins.CountingSource",
             "--use-tensorboard", "--output-dir", str(out), "--tensor-model-parallel-size", "1", "--use-slime-router"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
            "TENSORBOARD_DIR": str(tb), "OMP_NUM_THREADS": "1"}
@@ -146,6 +186,7 @@ def test_two_rollout_cli_run_with_slime_plugins_and_slime_metrics(tiny_qwen2, tm
         assert m["rollout/log_probs"] < 0 and m["rollout/ref_log_probs"] < 0
         assert m["rollout/rewards"] == pytest.approx(2 * m["rollout/raw_reward"])  # the post-process's own rewards
         assert m["rollout/removed_samples"] == 2.0  # one per group, loss mask 0
+        assert m["rollout/counting/count"] == 8.0  # every prompt came from the slime data source
         assert m["passrate/pass@1"] == pytest.approx(m["rollout/raw_reward"])
         assert m["rollout/reward/truncated"] >= 0  # the dict reward's other field, scored by --reward-key acc
     train = [x for x in records if "train/step" in x]
