@@ -143,3 +143,35 @@ def test_docs_table_lists_every_policy_entry_and_the_placement_flags():
     for name in PLACEMENT:
         assert f"`--{name.replace('_', '-')}`" in doc
     assert "docs/slime_flags.md" in (Path(__file__).parents[1] / "README.md").read_text()
+
+
+def test_rollout_stop_flags_reach_the_sampling_params(tiny_qwen2, files):
+    from rlvr.build import load_tokenizer
+    from rlvr.config import parse_config
+    from rlvr.rollout.rollout import Rollout
+
+    cfg = parse_config(["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(files[0]),
+                        "--rollout-stop", "###", "Answer:", "--rollout-stop-token-ids", "7", "9"])
+    tok = load_tokenizer(str(tiny_qwen2))
+    rollout = Rollout(cfg.rollout, engine=None, tokenizer=tok, data_source=None, grader=None)
+    params = rollout.sampling_params()
+    assert params.stop == ("###", "Answer:") and params.stop_token_ids == (tok.eos_token_id, 7, 9)
+
+
+def dict_reward(sample):
+    return {"acc": 1.0, "fmt": 0.5}
+
+
+def test_reward_key_scores_a_dict_reward_by_that_entry():
+    import asyncio
+
+    from rlvr.rewards.config import RewardConfig
+    from rlvr.rewards.grader import Grader
+    from rlvr.types import Sample
+    samples = [Sample("p", [1])]
+    asyncio.run(Grader(RewardConfig(custom_rm_path="tests.test_slime_compat:dict_reward", reward_key="fmt"))
+                .grade_group(samples))
+    assert samples[0].reward == {"score": 0.5, "acc": 1.0}
+    asyncio.run(Grader(RewardConfig(custom_rm_path="tests.test_slime_compat:dict_reward", reward_key="nope"))
+                .grade_group(samples))
+    assert samples[0].reward == 0.0 and "'nope'" in samples[0].metadata["reward_error"]  # contained, named

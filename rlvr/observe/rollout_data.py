@@ -12,7 +12,6 @@ loss-masked tokens, then the mean over samples (a sample with no trained token c
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from rlvr.algo.advantages import group_normalize
@@ -21,6 +20,7 @@ from rlvr.algo.advantages import group_normalize
 def per_rollout_mean(x: Tensor, mask: Tensor) -> float:
     """Mean over samples of each row's masked mean. x, mask: [B, T].
 
+    >>> import torch
     >>> per_rollout_mean(torch.tensor([[1., 3.], [2., 0.]]), torch.tensor([[1., 1.], [1., 0.]]))
     2.0
     """
