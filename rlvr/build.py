@@ -22,6 +22,7 @@ from rlvr.data.tokenizer import load_tokenizer
 from rlvr.errors import ConfigError
 from rlvr.rewards.grader import Grader
 from rlvr.rollout.rollout import Rollout
+from rlvr.slime_plugins import SlimeArgs, slime_data_source
 from rlvr.train.trainer import Trainer
 
 __all__ = ["Components", "build_engine", "build_local", "check_fits_micro_batch", "export_hf", "load_tokenizer",
@@ -52,8 +53,11 @@ def read_dataset(cfg: Config, path: str) -> list[PromptRecord]:
 
 
 def read_eval_sets(cfg: Config) -> dict[str, list[PromptRecord]]:
-    """Every ``--eval-prompt-data`` set by name, read whole (they are small)."""
-    return {name: read_dataset(cfg, path) for name, path in cfg.eval.datasets()}
+    """Every ``--eval-prompt-data`` set by name, read whole (they are small), with
+    ``--eval-input-key`` / ``--eval-label-key`` where given."""
+    d, e = cfg.data, cfg.eval
+    return {name: read_prompts(path, e.eval_input_key or d.input_key, e.eval_label_key or d.label_key, d.metadata_key)
+            for name, path in e.datasets()}
 
 
 def open_training_data(cfg: Config, tokenizer) -> PromptDataset:
@@ -85,12 +89,14 @@ def make_trainer(cfg: Config, parallel=None) -> Trainer:
 
 def make_rollout(cfg: Config, engine, tokenizer, records) -> Rollout:
     d = cfg.data
-    rollout = Rollout(cfg.rollout, engine, tokenizer,
-                      DataSource(records, shuffle=d.rollout_shuffle, seed=d.rollout_seed),
-                      Grader(cfg.reward), apply_chat_template=d.apply_chat_template,
-                      chat_template_kwargs=d.chat_template_kwargs())
+    args = SlimeArgs(cfg)  # slime-signature plugins get the whole config as ``args``, as in slime
+    source = (slime_data_source(d.data_source_path, args) if d.data_source_path  # slime's DataSource class
+              else DataSource(records, shuffle=d.rollout_shuffle, seed=d.rollout_seed))
+    rollout = Rollout(cfg.rollout, engine, tokenizer, source,
+                      Grader(cfg.reward, args), apply_chat_template=d.apply_chat_template,
+                      chat_template_kwargs=d.chat_template_kwargs(), slime_args=args)
     a = cfg.agent
-    if a.per_sample or a.rollout_function_path:  # multi-turn hooks (issue 17); they get the whole config, as slime's
+    if a.per_sample or a.rollout_function_path or cfg.eval.eval_function_path:  # multi-turn hooks (issue 17); they get the whole config, as slime's
         from rlvr.agents.hooks import Agent
 
         rollout.agent = Agent(cfg, engine, tokenizer, rollout)

@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import difflib
 import json
+import logging
 import types
 import typing
 from dataclasses import dataclass, field, fields
@@ -29,6 +30,7 @@ from rlvr.agents.config import AgentConfig
 from rlvr.algo.config import AlgoConfig
 from rlvr.distributed.config import ClusterConfig
 from rlvr.engine.config import EngineConfig
+from rlvr import slime_flags
 from rlvr.errors import ConfigError
 from rlvr.fields import check_bounds, flag_of, help_of, static_choices
 from rlvr.fields import option as _f
@@ -53,6 +55,10 @@ class DataConfig:
     rollout_max_prompt_len: int | None = _f(
         None, "drop (and count) training prompts longer than this many tokens; never truncated", ge=1
     )
+    data_source_path: str | None = _f(
+        None, "slime's DataSource class, pkg.module:Cls(args) with get_samples(n) -> groups: where training prompts "
+              "come from (--prompt-data is still read for the start-up checks)"
+    )
 
     def chat_template_kwargs(self) -> dict:
         return json.loads(self.apply_chat_template_kwargs) if self.apply_chat_template_kwargs else {}
@@ -61,6 +67,10 @@ class DataConfig:
         check_bounds(self)  # the ranges and choices declared on the fields
         from rlvr.data.readers import dataset_kind
 
+        if self.data_source_path is not None:
+            from rlvr.registry import load_function
+
+            load_function(self.data_source_path, "--data-source-path")
         if self.prompt_data is not None:
             try:
                 dataset_kind(self.prompt_data)
@@ -104,6 +114,13 @@ class RolloutConfig:
     rollout_concurrency: int | None = _f(
         None, "--async: prompt groups in flight at once (each --n-samples-per-prompt requests); default --rollout-batch-size", ge=1
     )
+    # ---- slime's rollout flags (issue 20.5) ----
+    rollout_stop: list[str] = _f([], "stop strings: a response finishes once its text contains one (training and eval)")
+    rollout_stop_token_ids: list[int] = _f([], "token ids that finish a response, besides the tokenizer's EOS")
+    log_passrate: bool = _f(False, "log passrate/pass@k of each rollout's groups (k = 1, 2, 4, ... <= n) and eval/<name>-pass@k")
+    rollout_sample_filter_path: str | None = _f(
+        None, "slime's fn(args, samples): samples it marks remove_sample=True get loss mask 0 (kept in the batch)"
+    )
 
     def validate(self) -> None:
         check_bounds(self)  # the ranges and choices declared on the fields
@@ -120,6 +137,10 @@ class RolloutConfig:
                     resolve(registry, value, flag)
                 except KeyError as e:
                     raise ConfigError(flag, str(e.args[0])) from None
+        if self.rollout_sample_filter_path is not None:
+            from rlvr.registry import load_function
+
+            load_function(self.rollout_sample_filter_path, "--rollout-sample-filter-path")
         if self.overlong_buffer_len is not None and not 0 < self.overlong_buffer_len <= self.rollout_max_response_len:
             raise ConfigError(
                 "--overlong-buffer-len",
@@ -161,6 +182,8 @@ class TrainConfig:
     balance_data: bool = _f(False, "split a rollout across data-parallel ranks by token count (Karmarkar-Karp)")
     bf16: bool = _f(False, "bfloat16 parameters and activations, float32 master weights in the optimizer")
     recompute_activations: bool = _f(False, "recompute each layer's activations in backward to save memory")
+    optimizer: str = _f("adam", "slime's optimizer name; Megatron's adam is AdamW (decoupled weight decay), "
+                                "which is what rlvr runs", ["adam"])
     max_consecutive_skipped_steps: int = _f(3, "stop after this many optimizer steps in a row skipped for a non-finite loss/grad norm", ge=1)
 
     def validate(self) -> None:
@@ -174,7 +197,12 @@ class TrainConfig:
         if self.use_dynamic_batch_size and not self.max_tokens_per_gpu:
             raise ConfigError("--max-tokens-per-gpu", "is required with --use-dynamic-batch-size")
         if self.ref_load is not None and not (Path(self.ref_load) / "config.json").is_file():
-            raise ConfigError("--ref-load", f"{self.ref_load} has no config.json; point it at a HF model directory")
+            megatron = (Path(self.ref_load) / "latest_checkpointed_iteration.txt").is_file() or any(
+                Path(self.ref_load).glob("**/*.distcp")) if Path(self.ref_load).is_dir() else False
+            raise ConfigError("--ref-load", (f"{self.ref_load} is a Megatron checkpoint (slime's torch_dist); rlvr reads "
+                                             "Hugging Face checkpoints: give the HF directory it was converted from, or "
+                                             "drop --ref-load (the reference is then the initial --hf-checkpoint)")
+                              if megatron else f"{self.ref_load} has no config.json; point it at a HF model directory")
         if self.use_rollout_routing_replay and not has_routed_experts(self.hf_checkpoint):
             raise ConfigError("--use-rollout-routing-replay", f"{self.hf_checkpoint} is a dense model (no routed experts): "
                               "routing replay has nothing to replay; drop the flag")
@@ -194,6 +222,11 @@ class EvalConfig:
     skip_eval_before_train: bool = _f(False, "do not evaluate the starting checkpoint")
     eval_top_p: float | None = _f(None, "nucleus mass in eval; default --rollout-top-p (1 when greedy)", gt=0, le=1)
     eval_top_k: int | None = _f(None, "top-k in eval; default --rollout-top-k (off when greedy)")
+    eval_function_path: str | None = _f(
+        None, "pkg.module:fn(cfg, rollout_id, data_source, evaluation=True) -> samples: the rollout of evaluation only "
+              "(slime; default --rollout-function-path, else the built-in rollout)")
+    eval_input_key: str | None = _f(None, "prompt field of the eval sets; default --input-key")
+    eval_label_key: str | None = _f(None, "label field of the eval sets; default --label-key")
     sft_stop_score: float | None = _f(
         None, "rlvr sft: stop at the first evaluation (every --eval-interval steps) whose score on the first "
               "--eval-prompt-data set is >= this; off when unset", ge=0)
@@ -210,7 +243,10 @@ class EvalConfig:
         if len(self.eval_prompt_data) > 1 and len(self.eval_prompt_data) % 2:
             raise ConfigError("--eval-prompt-data", "takes NAME PATH pairs (or one PATH); got an odd count")
         from rlvr.data.readers import dataset_kind
+        from rlvr.registry import load_function
 
+        if self.eval_function_path is not None:
+            load_function(self.eval_function_path, "--eval-function-path")  # names the flag if it cannot be imported
         for name, path in self.datasets():
             try:
                 dataset_kind(path)
@@ -257,6 +293,10 @@ class RunConfig:
     save: str | None = _f(None, "checkpoint directory; default OUTPUT_DIR/checkpoints")
     save_interval: int | None = _f(None, "save a checkpoint every N rollouts (and at the end)", ge=1)
     use_tensorboard: bool = _f(False, "write TensorBoard events to OUTPUT_DIR/tensorboard")
+    tensorboard_dir: str | None = _f(None, "TensorBoard root instead of OUTPUT_DIR/tensorboard; default $TENSORBOARD_DIR if set")
+    num_epoch: int | None = _f(
+        None, "set --num-rollout to NUM_EPOCH x prompts in --prompt-data // --rollout-batch-size (ignored when "
+              "--num-rollout is given, as in slime)", ge=1)
     # -- checkpoints and resume
     load: str | None = _f(None, "resume from the newest checkpoint in this directory (none there yet: start fresh)")
     keep_last_k: int | None = _f(None, "keep only the newest K checkpoints under --save; default keep all", ge=1)
@@ -328,6 +368,14 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+
+    def __getattr__(self, name: str) -> Any:
+        """Any field by its flat (slime) name, ``cfg.n_samples_per_prompt`` for
+        ``cfg.rollout.n_samples_per_prompt``: the hooks that get the whole config where slime passes
+        ``args`` (custom generate, rollout and eval functions) read it as slime's code does."""
+        if name in FIELDS:
+            return getattr(getattr(self, FIELDS[name][0]), name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # ---- derived numbers (seed 000 §2.1) ----------------------------------------------
     @property
@@ -487,6 +535,7 @@ def _base_type(tp: Any) -> tuple[Any, bool]:
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """Add every config field as a flag whose default is 'not given' (so YAML can fill it)."""
     parser.add_argument("--config", help="YAML file with the same fields; flags override it")
+    slime_flags.add_arguments(parser, set(FIELDS) | set(ALIASES))
     for group, cls in GROUPS.items():
         section = parser.add_argument_group(group, cls.__doc__)
         for f in fields(cls):
@@ -570,7 +619,31 @@ def merged_values(ns: argparse.Namespace) -> dict[str, Any]:
         for name, v in _read_yaml(ns.config).items():
             values[name] = _coerce(name, v, ns.config)
     values.update({k: v for k, v in vars(ns).items() if k in FIELDS})
+    for name, text in slime_flags.apply(ns, values).items():  # slime-only flags (docs/slime_flags.md)
+        tp = _base_type(FIELDS[name][1].type)[0]
+        try:
+            values.setdefault(name, tp(text))
+        except ValueError:
+            raise ConfigError(flag_of(name), f"expected {tp.__name__}, got {text!r}") from None
+    _num_rollout_from_epochs(values)
     return values
+
+
+def _num_rollout_from_epochs(values: dict[str, Any]) -> None:
+    """slime's ``--num-epoch``: when ``--num-rollout`` is not given, it is the epochs times the
+    prompts of ``--prompt-data`` (rows, before any --rollout-max-prompt-len drop) over the batch."""
+    if values.get("num_epoch") is None:
+        return
+    if "num_rollout" in values:
+        logging.getLogger(__name__).info("--num-epoch is ignored: --num-rollout %s is given (slime)", values["num_rollout"])
+        return
+    from rlvr.data.readers import open_rows
+
+    path = values.get("prompt_data")
+    if path is None or not Path(path).exists():
+        raise ConfigError("--num-epoch", "needs --prompt-data (its size sets --num-rollout)")
+    batch = values.get("rollout_batch_size", RolloutConfig.rollout_batch_size)
+    values["num_rollout"] = max(1, values["num_epoch"] * len(open_rows(path)) // batch)
 
 
 def make_parser(prog: str = "rlvr train") -> argparse.ArgumentParser:

@@ -128,9 +128,11 @@ class Step:
             t0 = time.perf_counter()
             self.source.update_weights(trainer.weights(), version=rollout_id + 1)
             perf["perf/update_weights_time"] = time.perf_counter() - t0
-        # perf/* go with the rollout record, so the time split of a rollout is one record.
-        perf |= {k: v for k, v in metrics.items() if k.startswith("perf/")}
-        self.logger.log({k: v for k, v in metrics.items() if not k.startswith("perf/")}, "train/step", trainer.step)
+        # perf/* go with the rollout record, so the time split of a rollout is one record; so do the
+        # trainer's rollout/* (slime's per-rollout means of log-probs, advantages, ...: rollout/step).
+        perf |= {k: v for k, v in metrics.items() if k.startswith(("perf/", "rollout/"))}
+        self.logger.log({k: v for k, v in metrics.items() if not k.startswith(("perf/", "rollout/"))}, "train/step",
+                        trainer.step)
         return metrics, perf
 
     def evaluate(self, step: int) -> dict[str, float]:

@@ -87,7 +87,10 @@ def load_function(path: str, flag: str) -> Callable:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise ConfigError(flag, f"cannot import module {module_name!r} from {path!r}: {e}") from e
+        from rlvr.slime_plugins import slime_path_hint
+
+        hint = slime_path_hint(path)  # slime's own modules: name rlvr's equivalent
+        raise ConfigError(flag, hint or f"cannot import module {module_name!r} from {path!r}: {e}") from e
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ConfigError(flag, f"module {module_name!r} has no callable {attr!r}")
@@ -95,7 +98,11 @@ def load_function(path: str, flag: str) -> Callable:
 
 
 def resolve(registry: Registry[T], name_or_path: str, flag: str) -> T:
-    """A registered name, or else a dotted path to a user function."""
+    """A registered name, or else a dotted path to a user function (slime's path of a function
+    rlvr registers under a name, e.g. its nonzero-std filter, is that name)."""
+    from rlvr.slime_plugins import slime_equivalent
+
+    name_or_path = slime_equivalent(name_or_path) or name_or_path
     if name_or_path in registry:
         return registry[name_or_path]
     if "." not in name_or_path and ":" not in name_or_path:

@@ -25,8 +25,8 @@ class Status(str, enum.Enum):
 
 @dataclass
 class Sample:
-    prompt: str
-    prompt_ids: list[int]
+    prompt: str = ""  # defaults: slime's data sources build Sample(prompt=..., label=...)
+    prompt_ids: list[int] = field(default_factory=list)
     label: Any = None
     metadata: dict = field(default_factory=dict)
     group_index: int = 0  # which prompt group of the rollout
@@ -130,11 +130,24 @@ class Sample:
                 out.append((i, i + 1, bool(m)))
         return out
 
+    # ---- slime's spellings, so that a plugin written against slime's Sample runs as it is ----
+    @property
+    def tokens(self) -> list[int]:
+        """Prompt and response token ids (slime's ``Sample.tokens``)."""
+        return self.prompt_ids + self.response_ids
+
+    def get_reward_value(self, args=None) -> float:
+        """slime's accessor: the scalar reward (``--reward-key`` was applied when it was graded)."""
+        return self.scalar_reward()
+
     def scalar_reward(self, key: str = "score") -> float:
         """The reward as one float: a dict reward gives its ``score`` entry."""
         if isinstance(self.reward, dict):
             return float(self.reward[key])
         return float(self.reward) if self.reward is not None else 0.0
+
+
+Sample.Status = Status  # slime spells it Sample.Status.TRUNCATED
 
 
 def sample_to_dict(s: Sample) -> dict:

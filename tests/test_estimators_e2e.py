@@ -51,9 +51,18 @@ def test_dcpo_with_a_confidence_task(tiny_qwen2, tmp_path, small_eval):
     train = [{"prompt": r["prompt"] + " (answer, then confidence: p)", "label": r["label"]}
              for r in make_splits(n_test=200)[0][:64]]
     data = write_jsonl(train, tmp_path / "conf.jsonl")
+    # Seed 000 §3.3's command line as written for slime: --rm-type dcpo is rlvr's math_confidence,
+    # slime's post-process path is rlvr's registered dcpo post-process.
     records = _run(tiny_qwen2, (data, None), small_eval, tmp_path / "dcpo", "--advantage-estimator", "dcpo",
-                   "--rm-type", "math_confidence", "--custom-reward-post-process-path", "dcpo")
+                   "--rm-type", "dcpo", "--custom-reward-post-process-path",
+                   "slime.rollout.rm_hub.dcpo_reward_post_process.dcpo_reward_post_process")
     assert [r["train/step"] for r in records if "train/step" in r] == [1, 2]
+    rollout = [r for r in records if "rollout/step" in r][0]
+    for key in ("rollout/dcpo/confidence", "rollout/dcpo/has_confidence", "rollout/dcpo/calibration_error",
+                "rollout/dcpo/brier", "rollout/dcpo_confidence"):  # DCPO's metrics, both sides' prefixes
+        assert key in rollout, key
+    assert rollout["rollout/dcpo/confidence"] == pytest.approx(rollout["rollout/dcpo_confidence"])
+    assert "eval/arith/dcpo/calibration_error" in [r for r in records if "eval/step" in r][-1]
 
 
 @pytest.mark.slow

@@ -121,6 +121,9 @@ class Agent:
         self.cfg, self.engine, self.tokenizer, self.rollout = cfg, engine, tokenizer, rollout
         self.generate_fn: Callable | None = None
         self.rollout_fn = load_function(a.rollout_function_path, "--rollout-function-path") if a.rollout_function_path else None
+        # slime's --eval-function-path: the rollout function of evaluation only (default the one above)
+        self.eval_fn = (load_function(cfg.eval.eval_function_path, "--eval-function-path")
+                        if cfg.eval.eval_function_path else self.rollout_fn)
         self.turns = None
         self._proxy_lock, self._open_sessions = threading.Lock(), {}
         if a.tools or a.environment_path or cfg.data.apply_chat_template:
@@ -221,7 +224,8 @@ class Agent:
         """(groups, metrics) from ``--rollout-function-path``, its ungraded samples graded."""
         token = _CONTEXT.set(self._context(None))
         try:  # a plain function runs outside any event loop (slime's runs its own, as this one may)
-            out = self.rollout_fn(self.cfg, rollout_id, data_source, evaluation=evaluation)
+            fn = self.eval_fn if evaluation else self.rollout_fn
+            out = fn(self.cfg, rollout_id, data_source, evaluation=evaluation)
             if inspect.isawaitable(out):
                 out = asyncio.run(_awaited(out))
         finally:

@@ -92,8 +92,11 @@ CustomTISFn = Callable[..., "tuple[Tensor, Tensor, Metrics]"]
 
 
 def load_custom_tis_function(path: str) -> CustomTISFn:
-    """Load ``--custom-tis-function-path``: ``"pkg.module:fn"`` or ``"pkg.module.fn"``."""
-    return load_function(path, "--custom-tis-function-path")
+    """Load ``--custom-tis-function-path``: ``"pkg.module:fn"`` or ``"pkg.module.fn"`` (a slime
+    signature, ``fn(args, *, pg_loss, ...)``, is adapted: ``rlvr.slime_plugins.adapt_tis``)."""
+    from rlvr.slime_plugins import adapt_tis
+
+    return adapt_tis(load_function(path, "--custom-tis-function-path"))
 
 
 def apply_corrections(

@@ -83,7 +83,9 @@ def truncate_streams(run_dir: Path, rollout_id: int, train_step: int) -> None:
 def open_logger(cfg: Config, run_dir: Path, resume: dict | None) -> MetricsLogger:
     """metrics.jsonl always; TensorBoard and W&B when asked for (seed 000 §2.7.3)."""
     r = cfg.run
-    tb_dir = run_dir / "tensorboard"
+    # slime: --tensorboard-dir, else $TENSORBOARD_DIR; rlvr's default keeps it inside the run directory
+    root = r.tensorboard_dir or os.environ.get("TENSORBOARD_DIR")
+    tb_dir = Path(root) if root else run_dir / "tensorboard"
     if r.tb_project_name or r.tb_experiment_name:
         tb_dir = tb_dir / (r.tb_project_name or "rlvr") / (r.tb_experiment_name or run_dir.name)
     sinks = []

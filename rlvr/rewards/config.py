@@ -26,6 +26,7 @@ class RewardConfig:
     custom_rm_path: str | None = _f(
         None, "your reward, pkg.module:fn(sample) -> float | dict (sync or async); replaces --rm-type"
     )
+    reward_key: str | None = _f(None, "a reward returning a dict is scored by this entry (slime); default its 'score'")
     group_rm: bool = _f(False, "--custom-rm-path grades a whole group: fn(samples) -> list[float | dict]")
     reward_failure_value: float = _f(0.0, "reward given when grading fails (exception, timeout, NaN, bad reply)")
     reward_timeout: float = _f(120.0, "seconds one grading call may take before it counts as failed", gt=0)

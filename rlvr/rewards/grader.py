@@ -96,8 +96,9 @@ class Outcome:
         return {"score": self.score, **self.fields} if self.fields else self.score
 
 
-def outcome_of(result: Any) -> Outcome:
-    """Check a reward's return value: a finite number, or a dict with a finite ``score``.
+def outcome_of(result: Any, key: str | None = None) -> Outcome:
+    """Check a reward's return value: a finite number, or a dict with a finite ``score`` (or, with
+    ``key`` (``--reward-key``), the dict's ``key`` entry is the score; its other entries are fields).
 
     >>> outcome_of(0.5)
     Outcome(score=0.5, fields={}, error=None)
@@ -109,7 +110,12 @@ def outcome_of(result: Any) -> Outcome:
     ValueError: non-finite reward nan
     """
     fields: dict[str, Any] = {}
-    if isinstance(result, dict):
+    if isinstance(result, dict) and key is not None:
+        if key not in result:
+            raise ValueError(f"reward dict has no {key!r} key (--reward-key; keys: {sorted(result)})")
+        fields = {k: v for k, v in result.items() if k not in (key, "score")}
+        result = result[key]
+    elif isinstance(result, dict):
         if "score" not in result:
             raise ValueError(f"reward dict has no 'score' key (keys: {sorted(result)})")
         fields = {k: v for k, v in result.items() if k != "score"}
@@ -133,15 +139,18 @@ def _is_async(fn: Callable) -> bool:
 class Grader:
     """Grades samples with the configured reward; see the module docstring for the guarantees."""
 
-    def __init__(self, cfg: RewardConfig):
+    def __init__(self, cfg: RewardConfig, args=None):
+        """``args``: what a slime-signature ``--custom-rm-path`` reward gets as its ``args``
+        (``rlvr.slime_plugins.SlimeArgs``; default the reward settings only)."""
         from rlvr.registry import load_function
+        from rlvr.slime_plugins import SlimeArgs, adapt_reward
 
         cfg.validate()  # the one place the reward settings are checked (also for score/grade)
         self.cfg = cfg
         self.group_fn: Callable | None = None
         self.parts: dict[str, tuple[Callable, float]] = {}
         if cfg.custom_rm_path is not None:
-            fn = load_function(cfg.custom_rm_path, "--custom-rm-path")
+            fn = adapt_reward(load_function(cfg.custom_rm_path, "--custom-rm-path"), args or SlimeArgs(cfg))
             if cfg.group_rm:
                 self.group_fn = fn
             else:
@@ -199,7 +208,7 @@ class Grader:
 
     async def _contained(self, fn: Callable, sample: Sample) -> Outcome:
         try:
-            return outcome_of(await self._call(fn, sample))
+            return outcome_of(await self._call(fn, sample), self.cfg.reward_key)
         except Exception as e:  # contained: one sample's grading never stops the run
             return self._failure(e)
 
@@ -215,7 +224,7 @@ class Grader:
 
     def _checked(self, result: Any) -> Outcome:
         try:
-            return outcome_of(result)
+            return outcome_of(result, self.cfg.reward_key)
         except ValueError as e:
             return self._failure(e)
 

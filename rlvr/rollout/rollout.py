@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import statistics
 import time
 
@@ -32,6 +33,7 @@ from rlvr.registry import resolve
 from rlvr.rewards.grader import Grader
 from rlvr.rollout.filters import FILTERS
 from rlvr.rollout.postprocess import POST_PROCESS
+from rlvr.slime_plugins import SlimeArgs, adapt_filter, adapt_post_process
 from rlvr.types import RolloutBatch, Sample, Status
 
 log = logging.getLogger(__name__)
@@ -50,24 +52,31 @@ class Rollout:
         apply_chat_template: bool = False,
         chat_template_kwargs: dict | None = None,
         agent=None,
+        slime_args=None,
     ):
         self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
         self.data_source, self.grader = data_source, grader
         self.apply_chat_template, self.chat_template_kwargs = apply_chat_template, chat_template_kwargs
+        # What slime-signature plugins get as ``args`` (rlvr.slime_plugins; default: the rollout settings)
+        self.slime_args = slime_args or SlimeArgs(cfg)
         self.group_filter = (
-            resolve(FILTERS, cfg.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path")
+            adapt_filter(resolve(FILTERS, cfg.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path"),
+                         self.slime_args)
             if cfg.dynamic_sampling_filter_path
             else None
         )
         self.post_process = (
-            resolve(POST_PROCESS, cfg.custom_reward_post_process_path, "--custom-reward-post-process-path")
+            adapt_post_process(resolve(POST_PROCESS, cfg.custom_reward_post_process_path,
+                                       "--custom-reward-post-process-path"), self.slime_args)
             if cfg.custom_reward_post_process_path
             else None
         )
         self._prompt_cache: dict[str, tuple[str, list[int]]] = {}
         self.agent = agent  # rlvr.agents.hooks.Agent: custom generate / rollout functions (issue 17)
         self.top_logprobs_num = 0  # --use-score-centering: the engine returns q's top-k with every token
-        self.stop_ids = tuple(t for t in {tokenizer.eos_token_id} if t is not None)
+        eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        self.stop_ids = tuple(dict.fromkeys(eos + list(cfg.rollout_stop_token_ids)))  # --rollout-stop-token-ids
+        self.stop = tuple(cfg.rollout_stop)  # --rollout-stop strings
 
     # ---- what the loop calls --------------------------------------------------------------
     def generate(self, rollout_id: int) -> RolloutBatch:
@@ -88,6 +97,7 @@ class Rollout:
             partial["rollout/dynamic_filter/dropped_groups"] = float(len(dropped))
             partial["rollout/dynamic_filter/rounds"] = float(rounds)
             partial["rollout/dynamic_filter/unfilled_groups"] = float(max(unfilled, 0))
+            partial |= getattr(self.group_filter, "drain_metrics", dict)()  # a slime filter's drop reasons
         return self.make_batch(rollout_id, kept, time.perf_counter() - t0, partial)
 
     def make_batch(self, rollout_id: int, groups: list[list[Sample]], elapsed: float,
@@ -101,6 +111,10 @@ class Rollout:
         if self.post_process is not None:
             self.post_process(samples, self.tokenizer)
         out = rollout_metrics(samples, n, prefix="rollout/")
+        if self.cfg.rollout_sample_filter_path is not None:
+            out["rollout/removed_samples"] = float(remove_samples(self.cfg.rollout_sample_filter_path, self.slime_args, groups))
+        if self.cfg.log_passrate:
+            out |= {f"passrate/{k}": v for k, v in pass_rates([s.scalar_reward() for s in samples], n).items()}
         out["perf/rollout_time"] = elapsed
         out["perf/rollout_tokens_per_s"] = sum(s.response_length for s in samples) / max(elapsed, 1e-9)
         if hasattr(self.engine, "stats"):  # e.g. the supervisor's engine restarts
@@ -116,7 +130,7 @@ class Rollout:
         """The training sampling settings (``--rollout-*``)."""
         cfg = self.cfg
         return SamplingParams(temperature=cfg.rollout_temperature, top_p=cfg.rollout_top_p, top_k=cfg.rollout_top_k,
-                              max_new_tokens=cfg.rollout_max_response_len, stop_token_ids=self.stop_ids,
+                              max_new_tokens=cfg.rollout_max_response_len, stop_token_ids=self.stop_ids, stop=self.stop,
                               top_logprobs_num=self.top_logprobs_num)
 
     def evaluate(self, name: str, records: list[PromptRecord], cfg: EvalConfig) -> dict[str, float]:
@@ -127,9 +141,9 @@ class Rollout:
             top_p=cfg.eval_top_p if cfg.eval_top_p is not None else 1.0 if greedy else self.cfg.rollout_top_p,
             top_k=cfg.eval_top_k if cfg.eval_top_k is not None else -1 if greedy else self.cfg.rollout_top_k,
             max_new_tokens=cfg.eval_max_response_len or self.cfg.rollout_max_response_len,
-            stop_token_ids=self.stop_ids,
+            stop_token_ids=self.stop_ids, stop=self.stop,
         )
-        if self.agent is not None and self.agent.rollout_fn is not None:  # --rollout-function-path
+        if self.agent is not None and self.agent.eval_fn is not None:  # --eval-function-path / --rollout-function-path
             from rlvr.agents.hooks import EvalData
 
             groups, _ = self.agent.run_rollout(None, EvalData(name, records, cfg.n_samples_per_eval_prompt), True)
@@ -140,6 +154,9 @@ class Rollout:
         m = rollout_metrics(samples, k, prefix=f"eval/{name}/")
         m[f"eval/{name}/score"] = m.pop(f"eval/{name}/raw_reward")
         m[f"eval/{name}"] = m[f"eval/{name}/score"]
+        m[f"eval/{name}-truncated_ratio"] = m[f"eval/{name}/truncated_ratio"]  # slime's name for it
+        if self.cfg.log_passrate:  # slime: eval/<name>-pass@k
+            m |= {f"eval/{name}-{k}": v for k, v in pass_rates([s.scalar_reward() for s in samples], k).items()}
         if k > 1:
             groups = [samples[i : i + k] for i in range(0, len(samples), k)]
             m[f"eval/{name}/pass@{k}"] = sum(any(s.scalar_reward() > 0 for s in g) for g in groups) / len(groups)
@@ -328,7 +345,44 @@ def rollout_metrics(samples: list[Sample], n: int, prefix: str) -> dict[str, flo
         m["zero_std_ratio"] = sum(len(set(g)) == 1 for g in groups) / len(groups)
     m |= source_metrics(samples)
     m |= turn_metrics(samples)
+    m |= dcpo_metrics(samples)
     return {prefix + k: v for k, v in m.items()}
+
+
+def pass_rates(rewards: list[float], n: int) -> dict[str, float]:
+    """slime's ``--log-passrate``: unbiased pass@k (Chen et al. 2021, eq. 1) for k = 1, 2, 4, ... <= n,
+    averaged over the groups of ``n`` consecutive rewards; a response passes when its reward is 1.
+
+    >>> pass_rates([1.0, 0.0, 0.0, 0.0], 4)
+    {'pass@1': 0.25, 'pass@2': 0.5, 'pass@4': 1.0}
+    """
+    if n < 2:
+        return {}
+    groups = [rewards[i : i + n] for i in range(0, len(rewards), n)]
+    out = {}
+    for k in [2**i for i in range(n.bit_length()) if 2**i <= n]:
+        per_group = []
+        for g in groups:
+            wrong = sum(r != 1.0 for r in g)  # 1 - C(wrong, k) / C(n, k)
+            per_group.append(1.0 - math.comb(wrong, k) / math.comb(len(g), k))
+        out[f"pass@{k}"] = statistics.fmean(per_group)
+    return out
+
+
+def remove_samples(path: str, args, groups: list[list[Sample]]) -> int:
+    """slime's ``--rollout-sample-filter-path``: ``fn(args, groups)`` sets ``remove_sample = True``
+    on samples that must not train; those get loss mask 0 (they stay in the batch, so group
+    statistics are unchanged, as in slime). Returns how many were removed."""
+    from rlvr.registry import load_function
+
+    load_function(path, "--rollout-sample-filter-path")(args, groups)
+    removed = 0
+    for s in (s for g in groups for s in g):
+        if getattr(s, "remove_sample", False):
+            s.loss_mask = [0] * s.response_length
+            s.metadata["removed_by_sample_filter"] = True
+            removed += 1
+    return removed
 
 
 def check_groups(groups: list[list[Sample]], cfg: RolloutConfig) -> list[list[Sample]]:
@@ -338,6 +392,29 @@ def check_groups(groups: list[list[Sample]], cfg: RolloutConfig) -> list[list[Sa
                          f"training needs --rollout-batch-size {cfg.rollout_batch_size} groups of "
                          f"--n-samples-per-prompt {cfg.n_samples_per_prompt} samples")
     return groups
+
+
+def dcpo_metrics(samples: list[Sample]) -> dict[str, float]:
+    """DCPO's own metrics (seed 000 §3.3.1: prefix ``dcpo/`` on the rollout side, under ``rollout/``
+    or ``eval/<name>/``) for rewards carrying a stated ``confidence`` (``--rm-type math_confidence``
+    / ``dcpo``): accuracy, confidence, the share that stated one, calibration error |acc - conf|
+    and the Brier score (acc - conf)^2; ``{}`` otherwise.
+
+    >>> from rlvr.types import Sample
+    >>> s = [Sample("p", [1], reward={"score": 1.0, "confidence": 0.8, "confidence_char_pos": 3}),
+    ...      Sample("p", [1], reward={"score": 0.0, "confidence": 0.0, "confidence_char_pos": -1})]
+    >>> {k: round(v, 3) for k, v in dcpo_metrics(s).items()}["dcpo/brier"]
+    0.02
+    """
+    rated = [s for s in samples if isinstance(s.reward, dict) and "confidence" in s.reward]
+    if not rated:
+        return {}
+    acc = [float(s.metadata.get("score", s.scalar_reward())) for s in rated]
+    conf = [float(s.reward["confidence"]) for s in rated]
+    return {"dcpo/accuracy": statistics.fmean(acc), "dcpo/confidence": statistics.fmean(conf),
+            "dcpo/has_confidence": statistics.fmean(float(s.reward.get("confidence_char_pos", 0) >= 0) for s in rated),
+            "dcpo/calibration_error": statistics.fmean(abs(a - c) for a, c in zip(acc, conf)),
+            "dcpo/brier": statistics.fmean((a - c) ** 2 for a, c in zip(acc, conf))}
 
 
 def turn_metrics(samples: list[Sample]) -> dict[str, float]:

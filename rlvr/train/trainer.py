@@ -60,6 +60,8 @@ from rlvr.algo import (
 )
 from rlvr.algo.score_centering import head_rollout_log_probs, split_heads
 from rlvr.config import TrainConfig
+from rlvr.observe.rollout_data import rollout_data_metrics, slime_rewards
+from rlvr.slime_plugins import estimator_rewards
 from rlvr.testing import hook_loss, trainer_seam
 from rlvr.train import routing_replay
 from rlvr.train.batching import first_fit_decreasing, fixed_size, micro_batches, pad_right
@@ -70,7 +72,7 @@ from rlvr.train.packing import ATTN_IMPLEMENTATION, Layout, response_log_probs
 from rlvr.train.parallel import Parallel, SingleProcess
 from rlvr.train.schedule import lr_at
 from rlvr.train.step import Learner, accumulate, adamw, optimizer_step
-from rlvr.types import Sample
+from rlvr.types import Sample, Status
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +129,7 @@ class RolloutTensors:
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     sampler_head: tuple[torch.Tensor, torch.Tensor] | None = None  # score centering: (log q, mask) [B, width, K]
+    rewards: torch.Tensor | None = None  # [B] what the advantages were built from, as slime's rollout_data["rewards"]
 
     @property
     def width(self) -> int:
@@ -269,11 +272,14 @@ class Trainer:
         from the registered estimator."""
         algo, samples = self.algo, batch.samples
         rewards = torch.tensor([s.scalar_reward() for s in samples], dtype=torch.float32)
+        rewards, algo = estimator_rewards(samples, rewards, algo)  # a slime post-process's rewards, if any
         inputs = AdvantageInputs(rewards, batch.mask, self.n_samples_per_prompt,
                                  log_probs=None if batch.p0_in_loss else batch.old_log_probs,
                                  ref_log_probs=batch.ref_log_probs, values=batch.values,
                                  train_metadata=collate_train_metadata(samples, batch.width))
-        advantages, batch.returns = estimator_of(algo)(inputs, algo)
+        est = estimator_of(algo)
+        advantages, batch.returns = est(inputs, algo)
+        batch.rewards = slime_rewards(rewards, self.n_samples_per_prompt, algo, est.group_relative)
         batch.advantages = masked_whiten(advantages, batch.mask) if algo.normalize_advantages else advantages
 
     def _rl_step(self, rollout_id: int, batch: RolloutTensors, idx: list[int]) -> dict[str, float]:
@@ -310,6 +316,7 @@ class Trainer:
         diff = (batch.old_log_probs - batch.rollout_log_probs).abs()
         metrics["train/train_rollout_logprob_abs_diff"] = float(masked_mean(diff, mask))
         metrics["train/advantage_mean"] = float(masked_mean(batch.advantages, mask))
+        metrics |= self._rollout_data_metrics(batch)
         if batch.values is not None:
             metrics["train/explained_variance"] = explained_variance(batch.values, batch.returns, mask)
         metrics["perf/train_time"] = seconds
@@ -318,6 +325,21 @@ class Trainer:
         if self.routing_replay:
             metrics |= routing_replay.rollout_metrics(self.routing_replay[0], batch.samples)
         return metrics
+
+    def _rollout_data_metrics(self, batch: RolloutTensors) -> dict[str, float]:
+        """slime's per-rollout means (``rlvr.observe.rollout_data``), logged at ``rollout/step``."""
+        samples = batch.samples
+        per_sample = {"rewards": batch.rewards,
+                      "response_lengths": torch.tensor([float(s.response_length) for s in samples]),
+                      "total_lengths": torch.tensor([float(s.total_length) for s in samples]),
+                      "truncated": torch.tensor([float(s.status == Status.TRUNCATED) for s in samples])}
+        for key in (samples[0].train_metadata if samples else {}):
+            if all(isinstance(s.train_metadata.get(key), (int, float)) for s in samples):
+                per_sample[key] = torch.tensor([float(s.train_metadata[key]) for s in samples])
+        per_token = {"log_probs": batch.old_log_probs, "ref_log_probs": batch.ref_log_probs,
+                     "rollout_log_probs": batch.rollout_log_probs, "advantages": batch.advantages,
+                     "returns": batch.returns, "values": batch.values}
+        return rollout_data_metrics(batch.mask, per_token, per_sample)
 
     # ---- internals -------------------------------------------------------------------------
     def _policy_step(self, rollout_id: int, samples: list[Sample], mbs: list[list[int]], mask: torch.Tensor,

@@ -1,0 +1,276 @@
+"""slime-signature plugins run under rlvr: porting one is a change of import path (issue 20.6).
+
+slime calls its plugins with ``args`` (its argparse namespace) first; rlvr's own plugin
+signatures take only what they need. A plugin whose first parameter is named ``args`` is a slime
+plugin, and rlvr calls it the slime way, passing a ``SlimeArgs`` view of the config where slime
+passes ``args``: attribute access by slime's flag names (``args.n_samples_per_prompt``,
+``args.tis_clip``), read-only. The adapted extension points, with slime's signatures
+(docs/en/get_started/customization.md in slime):
+
+==================================  ===========================================================
+``--custom-rm-path``                ``[async] f(args, sample) -> float | dict``
+                                    (``--group-rm``: ``f(args, samples) -> list``)
+``--dynamic-sampling-filter-path``  ``f(args, samples, **kw) -> DynamicFilterOutput | bool``;
+                                    drop reasons logged as ``rollout/dynamic_filter/drop_<reason>``
+``--custom-reward-post-process-path`` ``f(args, samples) -> (raw_rewards, rewards)``: ``rewards``
+                                    are what the estimator sees, with no group normalisation on
+                                    top (slime's function replaces ``_post_process_rewards``)
+``--custom-tis-function-path``      ``f(args, *, pg_loss, train_log_probs, rollout_log_probs,
+                                    loss_masks, total_lengths, response_lengths) ->
+                                    (pg_loss, loss_masks, metrics)``: tensors flat over the
+                                    batch's tokens, per-sample lists of 1-D tensors
+``--rollout-sample-filter-path``    ``f(args, samples)`` setting ``sample.remove_sample``
+==================================  ===========================================================
+
+Simplification: rlvr pads each TIS row to the batch width ``T``, so every per-sample tensor a
+TIS function sees has length ``T`` (padded positions carry loss mask 0) and
+``total_lengths == response_lengths == [T] * B`` (rlvr has no context parallelism to split by).
+
+A ``slime.*`` dotted path names slime's own code, which is not installed with rlvr:
+``slime_equivalent`` turns the ones rlvr has into their rlvr name, and names the equivalent of
+the others in the error.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass, fields, is_dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    import torch
+
+# slime names rlvr spells as the negation of one of its own fields
+_NEGATED = {"rewards_normalization": "disable_rewards_normalization",
+            "grpo_std_normalization": "disable_grpo_std_normalization"}
+
+
+class SlimeArgs:
+    """Read-only attribute view of config groups under slime's flag names.
+
+    >>> from rlvr.algo.config import AlgoConfig
+    >>> args = SlimeArgs(AlgoConfig(tis_clip=3.0))
+    >>> args.tis_clip, args.grpo_std_normalization
+    (3.0, True)
+    >>> args.n_samples_per_prompt
+    Traceback (most recent call last):
+    ...
+    AttributeError: args.n_samples_per_prompt: rlvr gives this plugin only the algo settings (AlgoConfig); it has no field n_samples_per_prompt
+    """
+
+    def __init__(self, *groups: Any):
+        items: dict[str, Any] = {}
+        for g in groups:
+            if is_dataclass(g) and hasattr(g, "algo"):  # a whole Config: every group
+                for sub in fields(g):
+                    items |= {f.name: getattr(getattr(g, sub.name), f.name) for f in fields(getattr(g, sub.name))}
+            else:
+                items |= {f.name: getattr(g, f.name) for f in fields(g)}
+        items |= {slime: not items[ours] for slime, ours in _NEGATED.items() if ours in items}
+        if "async_train" in items:
+            items["async"] = items["async_train"]
+        object.__setattr__(self, "_items", items)
+        object.__setattr__(self, "_what", " + ".join(type(g).__name__ for g in groups))
+
+    def __getattr__(self, name: str) -> Any:
+        items = object.__getattribute__(self, "_items")
+        if name in items:
+            return items[name]
+        what = object.__getattribute__(self, "_what")
+        scope = "the whole config" if what == "Config" else f"only the {what.replace('Config', '').lower()} settings ({what})"
+        raise AttributeError(f"args.{name}: rlvr gives this plugin {scope}; it has no field {name}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"args.{name}: the config is read-only to plugins")
+
+
+def is_slime_style(fn: Callable) -> bool:
+    """A slime plugin: its first parameter is named ``args`` (slime passes its namespace first)."""
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return False
+    return bool(params) and params[0] == "args"
+
+
+# ---- rewards --------------------------------------------------------------------------------
+def adapt_reward(fn: Callable, args: SlimeArgs) -> Callable:
+    """``f(args, sample)`` as rlvr's ``f(sample)`` (async stays async; a group reward alike)."""
+    if not is_slime_style(fn):
+        return fn
+    if inspect.iscoroutinefunction(fn):
+        async def reward(sample):
+            return await fn(args, sample)
+    else:
+        def reward(sample):
+            return fn(args, sample)
+    return functools.wraps(fn)(reward)
+
+
+# ---- dynamic sampling filters ---------------------------------------------------------------
+@dataclass
+class DynamicFilterOutput:
+    """What a slime dynamic filter returns (slime's ``filter_hub.base_types``): keep the group or
+    not, and why not (logged as ``rollout/dynamic_filter/drop_<reason>``)."""
+
+    keep: bool
+    reason: str | None = None
+    keep_when_insufficient: bool = False  # rlvr tops an unfilled batch up with dropped groups anyway
+
+
+class SlimeGroupFilter:
+    """A slime filter as rlvr's ``f(group) -> bool``, counting drop reasons for the rollout's metrics."""
+
+    def __init__(self, fn: Callable, args: SlimeArgs):
+        self.fn, self.args, self.reasons = fn, args, {}
+
+    def __call__(self, group) -> bool:
+        out = self.fn(self.args, group)
+        keep, reason = (bool(out.keep), out.reason) if hasattr(out, "keep") else (bool(out), None)
+        if not keep and reason:
+            self.reasons[reason] = self.reasons.get(reason, 0) + 1
+        return keep
+
+    def drain_metrics(self) -> dict[str, float]:
+        out = {f"rollout/dynamic_filter/drop_{r}": float(c) for r, c in self.reasons.items()}
+        self.reasons = {}
+        return out
+
+
+def adapt_filter(fn: Callable, args: SlimeArgs) -> Callable:
+    return SlimeGroupFilter(fn, args) if is_slime_style(fn) else fn
+
+
+# ---- reward post-process --------------------------------------------------------------------
+POST_PROCESSED_REWARD = "slime_post_processed_reward"  # train_metadata key: the reward the estimator sees
+
+
+def adapt_post_process(fn: Callable, args: SlimeArgs) -> Callable:
+    """``f(args, samples) -> (raw_rewards, rewards)`` as rlvr's ``f(samples, tokenizer)``: each
+    sample's ``rewards[i]`` goes to ``train_metadata`` for the estimator (``estimator_rewards``)."""
+    if not is_slime_style(fn):
+        return fn
+
+    def post_process(samples, tokenizer) -> None:
+        out = fn(args, samples)
+        if not (isinstance(out, (tuple, list)) and len(out) == 2 and all(len(x) == len(samples) for x in out)):
+            raise ValueError(f"--custom-reward-post-process-path {fn.__module__}.{fn.__name__} must return "
+                             f"(raw_rewards, rewards), one of each per sample ({len(samples)})")
+        for s, r in zip(samples, out[1]):
+            s.train_metadata[POST_PROCESSED_REWARD] = float(r)
+
+    return functools.wraps(fn)(post_process)
+
+
+def estimator_rewards(samples, rewards: torch.Tensor, algo):
+    """(rewards, algo config) for the advantage estimator: a slime post-process's rewards when it
+    ran (already normalised as the plugin wished: group normalisation off), else unchanged."""
+    if not samples or POST_PROCESSED_REWARD not in samples[0].train_metadata:
+        return rewards, algo
+    import dataclasses
+
+    import torch
+
+    post = torch.tensor([float(s.train_metadata[POST_PROCESSED_REWARD]) for s in samples], dtype=torch.float32)
+    return post, dataclasses.replace(algo, disable_rewards_normalization=True)
+
+
+# ---- custom TIS -----------------------------------------------------------------------------
+def adapt_tis(fn: Callable) -> Callable:
+    """slime's keyword TIS function as rlvr's ``f(pg_loss, train_log_probs, rollout_log_probs,
+    loss_mask, cfg) -> (pg_loss, loss_mask, metrics)`` on [B, T] tensors (see module docstring)."""
+    if not is_slime_style(fn):
+        return fn
+    import torch
+
+    def tis(pg_loss, train_log_probs, rollout_log_probs, loss_mask, cfg):
+        b, t = pg_loss.shape
+        rows = lambda x: list(x.unbind(0))  # noqa: E731 -- per-sample 1-D tensors, as slime's lists
+        out_loss, masks, metrics = fn(SlimeArgs(cfg), pg_loss=pg_loss.reshape(-1), train_log_probs=rows(train_log_probs),
+                                      rollout_log_probs=rows(rollout_log_probs), loss_masks=rows(loss_mask),
+                                      total_lengths=[t] * b, response_lengths=[t] * b)
+        mask = torch.stack(list(masks)) if isinstance(masks, (list, tuple)) else masks.reshape(b, t)
+        shaped = {k: (v.reshape(b, t) if torch.is_tensor(v) and v.numel() == b * t else v) for k, v in metrics.items()}
+        return out_loss.reshape(b, t), mask, shaped
+
+    return functools.wraps(fn)(tis)
+
+
+# ---- data source ----------------------------------------------------------------------------
+def slime_data_source(path: str, args: SlimeArgs):
+    """``--data-source-path``: slime's ``DataSource`` class (``cls(args)`` with ``get_samples(n) ->
+    list[list[Sample]]``) as rlvr's data source. rlvr reads each group's first sample's
+    ``prompt``, ``label`` and ``metadata`` and makes the group itself; aborted partial groups stay in
+    rlvr's own buffer (slime hands them to ``add_samples``). Resume replays the source: a restored
+    run draws and discards the prompts drawn before the checkpoint, so a deterministic source
+    continues where it stopped (slime's ``save``/``load`` are not called)."""
+    from rlvr.data.dataset import DataSource, PromptRecord
+    from rlvr.registry import load_function
+
+    user = load_function(path, "--data-source-path")(args)
+
+    class SlimeDataSource(DataSource):
+        def __init__(self):
+            super().__init__([], shuffle=False)
+            self.user, self.drawn = user, 0
+
+        @property
+        def position(self) -> int:
+            return self.drawn
+
+        def next_prompts(self, n: int) -> list[PromptRecord]:
+            groups = self.user.get_samples(n)
+            if len(groups) != n:
+                raise ValueError(f"--data-source-path {path}: get_samples({n}) returned {len(groups)} groups")
+            first = [g[0] if isinstance(g, (list, tuple)) else g for g in groups]
+            out = [PromptRecord(self.drawn + i, s.prompt, s.label, dict(s.metadata or {})) for i, s in enumerate(first)]
+            self.drawn += n
+            return out
+
+        def state_dict(self) -> dict:
+            return {**super().state_dict(), "drawn": self.drawn}
+
+        def load_state_dict(self, state: dict) -> None:
+            super().load_state_dict({**state, "epoch": 0, "offset": 0})
+            if state["drawn"]:
+                self.user.get_samples(state["drawn"])  # replay to where the checkpoint was
+            self.drawn = state["drawn"]
+
+    return SlimeDataSource()
+
+
+# ---- slime.* dotted paths -------------------------------------------------------------------
+# slime's own functions rlvr has under another name: (the rlvr value for the same flag).
+SLIME_PATHS = {
+    "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std": "nonzero_std",
+    "slime.rollout.rm_hub.dcpo_reward_post_process.dcpo_reward_post_process": "dcpo",
+}
+# Where the rest of slime's modules live in rlvr, by longest prefix.
+SLIME_PREFIXES = {
+    "slime.rollout.rm_hub": "a --rm-type name (docs/rewards.md: math, dapo, deepscaler, f1, gpqa, remote_rm, "
+                            "boxed_*, dcpo, ...) or your own reward",
+    "slime.rollout.filter_hub": "--dynamic-sampling-filter-path nonzero_std, or your filter importing "
+                                "DynamicFilterOutput from rlvr.slime_plugins",
+    "slime.rollout.sglang_rollout": "the default rollout: drop the flag (rlvr.rollout.rollout), or "
+                                    "--custom-generate-function-path for one sample's generation",
+    "slime.utils.types": "rlvr.types (Sample, Status)",
+    "slime.backends.megatron_utils.loss": "rlvr.algo (policy losses, TIS: --use-tis --tis-mode icepop, estimators)",
+    "slime.rollout.data_source": "rlvr.data.dataset.DataSource (not replaceable yet: docs/slime_flags.md)",
+    "slime": "rlvr's counterpart listed in docs/slime_flags.md",
+}
+
+
+def slime_equivalent(path: str) -> str | None:
+    """The rlvr value for a known slime path (``None`` when it is not a slime path or has none)."""
+    return SLIME_PATHS.get(path.replace(":", "."))
+
+
+def slime_path_hint(path: str) -> str | None:
+    """For a ``slime.*`` path: the message naming rlvr's equivalent; ``None`` for other paths."""
+    dotted = path.replace(":", ".")
+    if not (dotted == "slime" or dotted.startswith("slime.")):
+        return None
+    prefix = max((p for p in SLIME_PREFIXES if dotted == p or dotted.startswith(p + ".")), key=len)
+    return (f"{path!r} is slime's code, which rlvr does not include; use {SLIME_PREFIXES[prefix]}. A plugin "
+            "written against slime runs as it is once its imports name rlvr (docs/slime_flags.md)")
