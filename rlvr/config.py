@@ -27,6 +27,7 @@ import yaml
 from rlvr.algo.advantages import estimator_of
 from rlvr.agents.config import AgentConfig
 from rlvr.algo.config import AlgoConfig
+from rlvr.algo.opd import validate_opd
 from rlvr.distributed.config import ClusterConfig
 from rlvr.engine.config import EngineConfig
 from rlvr.errors import ConfigError
@@ -377,6 +378,7 @@ class Config:
             if getattr(self.train, name) is not None and not uses_ref:
                 raise ConfigError(flag_of(name), "does nothing without a KL term; add --use-kl-loss or --kl-coef, or unset it")
         self._validate_estimator()
+        validate_opd(self.algo, self.reward.rm_type, self.reward.rm_url)
         return self
 
     def _validate_estimator(self) -> None:
