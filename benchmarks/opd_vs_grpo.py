@@ -29,12 +29,22 @@ ROOT = Path(__file__).resolve().parent.parent
 ASSETS = ROOT / "examples/arith/assets"
 RUNS = ROOT / "runs/opd-vs-grpo"
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+sys.path.insert(0, str(ROOT))
 
 
 def _cli(*args: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "rlvr.cli", *args], cwd=ROOT, env=ENV, capture_output=True, text=True)
+    _wait(_start(*args), args)
+
+
+def _start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "rlvr.cli", *args], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _wait(proc: subprocess.Popen, args) -> None:
+    out, err = proc.communicate()
     if proc.returncode:
-        sys.exit(f"rlvr {' '.join(args)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+        sys.exit(f"rlvr {' '.join(args)} failed:\n{out[-2000:]}\n{err[-4000:]}")
 
 
 def teacher(stop_score: float) -> Path:
@@ -46,29 +56,38 @@ def teacher(stop_score: float) -> Path:
     return out
 
 
-def arm(name: str, rollouts: int, interval: int, extra: list[str]) -> dict[str, list]:
-    """One GRPO run; its eval curve {step, test, val}."""
-    sys.path.insert(0, str(ROOT))
+def train_args(name: str, rollouts: int, interval: int, extra: list[str]) -> list[str]:
+    return ["train", "--config", "examples/arith/grpo.yaml", "--num-rollout", str(rollouts), "--eval-interval",
+            str(interval), "--save-interval", str(10**6), "--output-dir", str(RUNS / name), *extra]
+
+
+def run_arms(arms: dict[str, list[str]], parallel: int) -> None:
+    """Run the arms not already finished, ``parallel`` processes at a time (one thread each)."""
+    todo = [args for name, args in arms.items() if not _finished(RUNS / name, int(args[args.index("--num-rollout") + 1]))]
+    for i in range(0, len(todo), parallel):
+        running = [(_start(*args), args) for args in todo[i : i + parallel]]
+        for proc, args in running:
+            _wait(proc, args)
+
+
+def curve(name: str) -> dict[str, list]:
+    """An arm's eval curve {step, test, val} (and its OPD reverse KL per rollout)."""
     from rlvr.observe import read_metrics
 
-    out = RUNS / name
-    if not (out / "metrics.jsonl").is_file() or not _finished(out, rollouts):
-        _cli("train", "--config", "examples/arith/grpo.yaml", "--num-rollout", str(rollouts), "--eval-interval",
-             str(interval), "--save-interval", str(10**6), "--output-dir", str(out), "--use-tensorboard", "false",
-             *extra)
-    evals = [r for r in read_metrics(out) if "eval/step" in r]
-    curve = {"step": [r["eval/step"] for r in evals], "test": [r["eval/arith/score"] for r in evals],
-             "val": [r["eval/val/score"] for r in evals]}
-    trains = [r for r in read_metrics(out) if "train/opd_reverse_kl" in r]
+    records = read_metrics(RUNS / name)
+    evals = [r for r in records if "eval/step" in r]
+    out = {"step": [r["eval/step"] for r in evals], "test": [r["eval/arith/score"] for r in evals],
+           "val": [r["eval/val/score"] for r in evals]}
+    trains = [r for r in records if "train/opd_reverse_kl" in r]
     if trains:
-        curve["opd_reverse_kl"] = [round(r["train/opd_reverse_kl"], 4) for r in trains]
-    return curve
+        out["opd_reverse_kl"] = [round(r["train/opd_reverse_kl"], 4) for r in trains]
+    return out
 
 
 def _finished(out: Path, rollouts: int) -> bool:
     from rlvr.observe import read_metrics
 
-    return any(r.get("eval/step") == rollouts for r in read_metrics(out))
+    return (out / "metrics.jsonl").is_file() and any(r.get("eval/step") == rollouts for r in read_metrics(out))
 
 
 def plot(curves: dict[str, dict], path: Path, title: str) -> None:
@@ -92,22 +111,24 @@ def plot(curves: dict[str, dict], path: Path, title: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rollouts", type=int, default=40)
-    ap.add_argument("--eval-interval", type=int, default=10)
+    ap.add_argument("--rollouts", type=int, default=20)
+    ap.add_argument("--eval-interval", type=int, default=5)
     ap.add_argument("--coefs", type=float, nargs="+", default=[1.0])
-    ap.add_argument("--teacher-stop-score", type=float, default=0.5)
+    ap.add_argument("--teacher-stop-score", type=float, default=0.45)
     ap.add_argument("--png", default=str(ROOT / "docs/opd_vs_grpo.png"))
+    ap.add_argument("--parallel", type=int, default=2, help="runs at a time, one torch thread each")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    sys.path.insert(0, str(ROOT))
     from rlvr.demo import prepare_assets
 
     prepare_assets(console=False)
     teacher_dir = teacher(args.teacher_stop_score)
-    grpo = arm("grpo", args.rollouts, args.eval_interval, [])
-    opd = {c: arm(f"opd-{c:g}", args.rollouts, args.eval_interval,
-                  ["--use-opd", "--opd-type", "megatron", "--opd-teacher-load", str(teacher_dir), "--opd-kl-coef", str(c)])
-           for c in args.coefs}
+    opd_flags = ["--use-opd", "--opd-type", "megatron", "--opd-teacher-load", str(teacher_dir), "--opd-kl-coef"]
+    arms = {"grpo": train_args("grpo", args.rollouts, args.eval_interval, [])}
+    arms |= {f"opd-{c:g}": train_args(f"opd-{c:g}", args.rollouts, args.eval_interval, [*opd_flags, str(c)])
+             for c in args.coefs}
+    run_arms(arms, args.parallel)
+    grpo, opd = curve("grpo"), {c: curve(f"opd-{c:g}") for c in args.coefs}
     chosen = max(opd, key=lambda c: sum(opd[c]["val"]) / len(opd[c]["val"]))
     teacher_eval = arm_eval(teacher_dir)
     label = f"GRPO + OPD (coef {chosen:g})"

@@ -3,7 +3,7 @@ against the sampled-token estimator ``low_var_kl``, and with the output layer ch
 
 The demo's tiny model shape with a 32768-token vocabulary (what makes the full distribution
 matter), a KL loss to a reference model, one rollout of 8 samples x (100 prompt + 412 response)
-tokens. Each mode runs in its own subprocess: one ``train`` to allocate AdamW's state, then the
+tokens in one micro-batch (``--use-dynamic-batch-size --max-tokens-per-gpu 4096``). Each mode runs in its own subprocess: one ``train`` to allocate AdamW's state, then the
 peak-RSS counter is reset (``/proc/self/clear_refs``) and a second ``train`` (reference forward,
 p0 forward, one step) is measured. Reported: RSS before, the peak, and the difference.
 
@@ -46,7 +46,8 @@ def child(model: str, kl_type: str, chunk: int) -> None:
             resp = [rng.randrange(VOCAB) for _ in range(412)]
             samples.append(Sample("", prompt, response_ids=resp, loss_mask=[1] * 412, rollout_log_probs=[-10.0] * 412,
                                   reward=float(j % 2)))
-    cfg = TrainConfig(hf_checkpoint=model, lr=1e-5, log_probs_chunk_size=chunk)
+    cfg = TrainConfig(hf_checkpoint=model, lr=1e-5, log_probs_chunk_size=chunk, use_dynamic_batch_size=True,
+                      max_tokens_per_gpu=4096)
     algo = AlgoConfig(use_kl_loss=True, kl_loss_coef=0.01, kl_loss_type=kl_type)
     trainer = Trainer(cfg, algo, n_samples_per_prompt=4)
     trainer.train(0, samples)  # allocates the optimizer state
@@ -79,7 +80,7 @@ def main() -> None:
             sys.exit(proc.stderr[-3000:])
         r = json.loads(line[0].split(" ", 1)[1])
         print(json.dumps({"bench": "token_kl_memory", "kl_loss_type": kl_type, "log_probs_chunk_size": chunk,
-                          "vocab": VOCAB, "response_tokens": 8 * 412, "rss_before_gb": round(r["before_gb"], 3),
+                          "vocab": VOCAB, "response_tokens": 8 * 412, "max_tokens_per_gpu": 4096, "rss_before_gb": round(r["before_gb"], 3),
                           "peak_rss_gb": round(r["peak_gb"], 3), "step_gb": round(r["peak_gb"] - r["before_gb"], 3),
                           "kl_loss": round(r["kl"], 5), "train_time_s": round(r["train_time"], 2)}), flush=True)
 

@@ -122,10 +122,11 @@ def test_cli_two_rollouts_with_token_level_kl(tiny_qwen2, arith_files, tmp_path)
         [sys.executable, "-m", "rlvr.cli", "train", "--hf-checkpoint", str(tiny_qwen2), "--prompt-data",
          str(arith_files[0]), "--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--rollout-max-response-len",
          "6", "--num-rollout", "2", "--lr", "1e-2", "--use-kl-loss", "--kl-loss-coef", "0.1", "--kl-loss-type",
-         "token_level_kl", "--log-probs-chunk-size", "4", "--output-dir", str(out)],
+         "token_level_kl", "--log-probs-chunk-size", "4", "--entropy-coef", "0.1", "--output-dir", str(out)],
         capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert r.returncode == 0, r.stderr[-3000:]
     trains = [x for x in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "train/step" in x]
     assert len(trains) == 2
     assert trains[0]["train/kl_loss"] == pytest.approx(0.0, abs=1e-6)  # the policy is its reference at first
-    assert trains[1]["train/kl_loss"] > 1e-6  # one step later it has moved, and the KL is positive
+    # One step later (the entropy bonus moves it even when every reward is 0) the KL is positive.
+    assert trains[1]["train/kl_loss"] > 1e-6
