@@ -13,7 +13,7 @@ from rlvr.algo.kl import compute_approx_kl, exact_kl, kl_loss_types
 from rlvr.config import TrainConfig
 from rlvr.errors import ConfigError
 from rlvr.models.tiny import build_tiny_model
-from rlvr.train.packing import KLReference, Layout, decoder_and_head, response_hidden
+from rlvr.train.packing import Layout, decoder_and_head
 from rlvr.train.token_kl import ReferenceStates, reference_forward
 from rlvr.train.trainer import Trainer, load_policy
 from tests.conftest import SMALL, random_samples

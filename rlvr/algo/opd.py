@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
+import torch  # noqa: F401 (doctest)
 from torch import Tensor
 
 if TYPE_CHECKING:
