@@ -23,6 +23,7 @@ from rlvr.errors import ConfigError
 from rlvr.rewards.grader import Grader
 from rlvr.rollout.rollout import Rollout
 from rlvr.slime_plugins import SlimeArgs, slime_data_source
+from rlvr.train.teacher import teacher_of
 from rlvr.train.trainer import Trainer
 
 __all__ = ["Components", "build_engine", "build_local", "check_fits_micro_batch", "export_hf", "load_tokenizer",
@@ -84,7 +85,8 @@ def make_trainer(cfg: Config, parallel=None) -> Trainer:
     """The trainer (one data-parallel rank of it when ``parallel`` is given)."""
     return Trainer(cfg.train, cfg.algo, temperature=cfg.rollout.rollout_temperature,
                    global_batch_size=cfg.global_batch_size, n_samples_per_prompt=cfg.rollout.n_samples_per_prompt,
-                   total_steps=cfg.run.num_rollout * cfg.steps_per_rollout, parallel=parallel)
+                   total_steps=cfg.run.num_rollout * cfg.steps_per_rollout, parallel=parallel,
+                   teacher=teacher_of(cfg.algo, cfg.reward, cfg.train))
 
 
 def make_rollout(cfg: Config, engine, tokenizer, records) -> Rollout:

@@ -28,6 +28,7 @@ import yaml
 from rlvr.algo.advantages import estimator_of
 from rlvr.agents.config import AgentConfig
 from rlvr.algo.config import AlgoConfig
+from rlvr.algo.opd import validate_opd
 from rlvr.distributed.config import ClusterConfig
 from rlvr.engine.config import EngineConfig
 from rlvr import slime_flags
@@ -436,6 +437,7 @@ class Config:
             raise ConfigError("--use-score-centering", "needs the untruncated sampling distribution (its head is q's top-k "
                               "of the full vocabulary): set --rollout-top-p 1 --rollout-top-k -1")
         self._validate_estimator()
+        validate_opd(self.algo, self.reward.rm_type, self.reward.rm_url)
         return self
 
     def _validate_estimator(self) -> None:

@@ -22,7 +22,7 @@ def test_every_field_has_help_and_registry_choices():
     assert all(f.metadata.get("help") for f in fields.values())
     # Asked when a flag is parsed, so names registered later by user code are valid too.
     assert choices_of(fields["advantage_estimator"]) == ADVANTAGES.names()
-    assert choices_of(fields["kl_loss_type"]) == KL.names()
+    assert choices_of(fields["kl_loss_type"]) == [*KL.names(), "token_level_kl"]
     assert choices_of(fields["tis_mode"]) == ["icepop", "tis"]
 
 

@@ -11,7 +11,9 @@ the caller aggregates loss and metrics with one mask and the global batch's norm
 
 The KL term is computed (and reported as ``kl_loss``) whenever reference log-probs are given, and
 added to the loss only with ``--use-kl-loss``; ``--use-unbiased-kl`` weights it by
-``p_theta / p0`` (DeepSeek-V3.2), that ratio not detached, as slime.
+``p_theta / p0`` (DeepSeek-V3.2), that ratio not detached, as slime. With ``--kl-loss-type
+token_level_kl`` the term is the exact per-position KL over the vocabulary, which the trainer
+computes in its output layer and passes as ``exact_kl``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 from torch import Tensor
 
 from rlvr.algo.corrections import apply_corrections
-from rlvr.algo.kl import compute_approx_kl
+from rlvr.algo.kl import TOKEN_LEVEL_KL, compute_approx_kl
 from rlvr.algo.policy_loss import POLICY_LOSSES, policy_loss_name
 from rlvr.algo.score_centering import SamplerHead, score_centering_policy_loss
 
@@ -40,13 +42,15 @@ def actor_loss(
     ref_log_probs: Tensor | None,
     cfg: AlgoConfig,
     head: SamplerHead | None = None,
+    exact_kl: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The per-token loss to minimise for the policy, and its per-token metrics.
 
     Args: all [B, T]: ``log_probs`` p_theta (carries the gradient), ``entropy`` of p_theta per
     position, ``old_log_probs`` p0, ``rollout_log_probs`` q (read by TIS only), ``advantages``,
     ``loss_mask`` (OPSM and GSPO read it), ``ref_log_probs`` (None: no KL term at all); ``head``: the
-    sampler's top-k head, read by ``--use-score-centering`` only (it replaces policy loss and TIS).
+    sampler's top-k head, read by ``--use-score-centering`` only (it replaces policy loss and TIS);
+    ``exact_kl`` KL(p_theta || p_ref) summed over the vocabulary (``token_level_kl`` only).
     Returns: (loss [B, T], metrics: ``pg_loss``, ``entropy_loss``, the policy loss's
     ``pg_clipfrac`` / ``ppo_kl``, the corrections' metrics, ``kl_loss`` with a reference).
     """
@@ -61,8 +65,13 @@ def actor_loss(
     loss = pg_loss - cfg.entropy_coef * entropy if cfg.entropy_coef else pg_loss
     metrics = {"pg_loss": pg_loss, "entropy_loss": entropy, **metrics}
     if ref_log_probs is not None:
-        ratio = torch.exp(log_probs - old_log_probs) if cfg.use_unbiased_kl else None
-        kl = compute_approx_kl(log_probs, ref_log_probs, cfg.kl_loss_type, importance_ratio=ratio)
+        if cfg.kl_loss_type == TOKEN_LEVEL_KL:
+            if exact_kl is None:
+                raise ValueError("--kl-loss-type token_level_kl: actor_loss needs exact_kl from the trainer")
+            kl = exact_kl
+        else:
+            ratio = torch.exp(log_probs - old_log_probs) if cfg.use_unbiased_kl else None
+            kl = compute_approx_kl(log_probs, ref_log_probs, cfg.kl_loss_type, importance_ratio=ratio)
         if cfg.use_kl_loss:
             loss = loss + cfg.kl_loss_coef * kl
         metrics["kl_loss"] = kl

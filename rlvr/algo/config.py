@@ -11,10 +11,12 @@ checked by ``rlvr.fields.check_bounds``; ``validate()`` holds the rules between 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 from rlvr.algo.advantages import ADVANTAGES, estimator_of, load_custom_estimator
 from rlvr.algo.corrections import TIS_MODES
-from rlvr.algo.kl import KL
+from rlvr.algo.kl import TOKEN_LEVEL_KL, kl_loss_types
+from rlvr.algo.opd import OPD_TYPES
 from rlvr.algo.policy_loss import POLICY_LOSSES
 from rlvr.errors import ConfigError
 from rlvr.fields import check_bounds
@@ -52,7 +54,8 @@ class AlgoConfig:
     # --- KL to the reference model as a loss term
     use_kl_loss: bool = _f(False, "add kl_loss_coef * KL(policy || ref) to the loss (GRPO)")
     kl_loss_coef: float = _f(0.0, "weight of the KL loss", ge=0)
-    kl_loss_type: str = _f("k1", "KL estimator for the KL loss and the KL reward", KL.names)
+    kl_loss_type: str = _f("k1", "KL estimator for the KL loss and the KL reward; token_level_kl: exact, "
+                                 "summed over the vocabulary (KL loss only)", kl_loss_types)
     use_unbiased_kl: bool = _f(False, "weight the KL loss by p_theta / p_old (DeepSeek-V3.2)")
     # --- train-inference mismatch corrections
     use_tis: bool = _f(False, "multiply the loss by truncated IS weights p_old / p_rollout")
@@ -64,6 +67,12 @@ class AlgoConfig:
     score_centering_top_k: int = _f(128, "score centering: sampler head size (top-k tokens of q kept per token)", ge=1)
     use_opsm: bool = _f(False, "off-policy sequence masking of stale negative-advantage samples")
     opsm_delta: float = _f(1e-4, "OPSM threshold on the sequence-mean log(p_old / p_theta)", ge=0)
+    # --- on-policy distillation (rlvr.algo.opd)
+    use_opd: bool = _f(False, "on-policy distillation: advantages -= opd_kl_coef * (log p_student - log p_teacher)")
+    opd_type: str | None = _f(None, "where the teacher runs: sglang = an engine at --rm-url, megatron = in the "
+                                    "trainer from --opd-teacher-load", list(OPD_TYPES))
+    opd_kl_coef: float = _f(1.0, "weight of the OPD reverse-KL term in the advantages", ge=0)
+    opd_teacher_load: str | None = _f(None, "teacher for --opd-type megatron: a Hugging Face model directory")
 
     def clip_range(self) -> tuple[float, float]:
         """(eps_clip, eps_clip_high), the upper bound defaulting to the lower one (slime)."""
@@ -91,6 +100,8 @@ class AlgoConfig:
             self._check_score_centering()
         if self.custom_tis_function_path is not None and not self.use_tis:
             raise ConfigError("--custom-tis-function-path", "does nothing without --use-tis; add --use-tis")
+        self._validate_token_level_kl()
+        self._validate_opd()
         return self
 
     def _check_score_centering(self) -> None:
@@ -108,6 +119,35 @@ class AlgoConfig:
             if on:
                 raise ConfigError(name, "is not combined with --use-score-centering (TIS/ICE-POP are: --use-tis "
                                         "--tis-mode); drop one")
+
+    def _validate_token_level_kl(self) -> None:
+        if self.kl_loss_type != TOKEN_LEVEL_KL:
+            return
+        if self.kl_coef != 0:
+            raise ConfigError("--kl-loss-type", "token_level_kl needs the policy's whole distribution, which the "
+                                                "KL reward (--kl-coef) does not have; use it with --use-kl-loss")
+        if self.use_unbiased_kl:
+            raise ConfigError("--use-unbiased-kl", "reweights a sampled-token estimate; token_level_kl sums over "
+                                                   "the vocabulary and samples nothing: drop one")
+
+    def _validate_opd(self) -> None:
+        if not self.use_opd:
+            for name in ("opd_type", "opd_teacher_load"):
+                if getattr(self, name) is not None:
+                    raise ConfigError("--" + name.replace("_", "-"), "does nothing without --use-opd; add it")
+            return
+        if self.opd_type is None:
+            raise ConfigError("--opd-type", f"is required with --use-opd: one of {', '.join(OPD_TYPES)}")
+        if self.opd_type == "megatron":
+            if not self.opd_teacher_load:
+                raise ConfigError("--opd-teacher-load", "is required with --opd-type megatron: the teacher's "
+                                                        "Hugging Face model directory")
+            if not (Path(self.opd_teacher_load) / "config.json").is_file():
+                raise ConfigError("--opd-teacher-load", f"{self.opd_teacher_load} has no config.json; point it at a "
+                                                        "Hugging Face model directory (convert a Megatron checkpoint first)")
+        elif self.opd_teacher_load is not None:
+            raise ConfigError("--opd-teacher-load", "must not be set with --opd-type sglang (the teacher is served "
+                                                    "at --rm-url); drop it or use --opd-type megatron")
 
 
 # Every field must document itself (the CLI generator relies on it).

@@ -11,10 +11,18 @@ slime's ``--kl-loss-type`` (seed 000 §2.5; seed 003 §4.5):
 * ``k3``: ``r - 1 - log r`` with ``r = p_ref / p`` — unbiased, non-negative, low variance.
 * ``low_var_kl``: k3 clamped to ``[-10, 10]`` for numerical safety. slime clamps *only* this name,
   and clamps *after* the optional importance ratio is applied; we do the same.
+
+``token_level_kl`` (seed 003 §4.5) is exact, not an estimate: ``sum_v p(v) (log p(v) - log p_ref(v))``
+over the whole vocabulary at each position (``exact_kl`` below). It needs both full distributions,
+which a ``(log p, log p_ref)`` pair of the sampled token does not carry, so it is not in the
+registry; the trainer computes it inside its chunked output layer (``rlvr.train.token_kl``) and
+passes it to ``actor_loss``. It serves the KL loss only (config validation refuses it for the KL
+reward).
 """
 
 from __future__ import annotations
 
+import math  # noqa: F401 (doctest)
 from typing import Callable
 
 import torch
@@ -25,6 +33,9 @@ from rlvr.registry import Registry
 KLFn = Callable[[Tensor, "Tensor | None"], Tensor]
 # Each entry maps (log-ratio ``log p - log p_ref`` [B, T], optional IS ratio [B, T]) to [B, T].
 KL: Registry[KLFn] = Registry("KL estimator", flag="--kl-loss-type")
+
+# The exact per-position KL over the vocabulary (computed by the trainer, not from a log-ratio).
+TOKEN_LEVEL_KL = "token_level_kl"
 
 # The bound slime uses for low_var_kl.
 LOW_VAR_KL_CLAMP = 10.0
@@ -57,6 +68,22 @@ def _low_var_kl(log_ratio: Tensor, importance_ratio: Tensor | None) -> Tensor:
     return _k3(log_ratio, importance_ratio).clamp(-LOW_VAR_KL_CLAMP, LOW_VAR_KL_CLAMP)
 
 
+def kl_loss_types() -> list[str]:
+    """Every ``--kl-loss-type`` choice: the registered estimators and ``token_level_kl``."""
+    return [*KL.names(), TOKEN_LEVEL_KL]
+
+
+def exact_kl(log_probs: Tensor, ref_log_probs: Tensor) -> Tensor:
+    """KL(p || p_ref) of whole distributions: ``log_probs``, ``ref_log_probs`` [..., V] (log-softmax
+    outputs) -> [...], summed over the last (vocabulary) axis; differentiable in both.
+
+    >>> p, q = torch.tensor([0.5, 0.5]).log(), torch.tensor([0.25, 0.75]).log()
+    >>> round(exact_kl(p, q).item(), 6), round(0.5 * math.log(4 / 3), 6)  # 0.5 ln 2 + 0.5 ln(2/3)
+    (0.143841, 0.143841)
+    """
+    return (log_probs.exp() * (log_probs - ref_log_probs)).sum(-1)
+
+
 def compute_approx_kl(
     log_probs: Tensor,
     ref_log_probs: Tensor,
@@ -80,5 +107,8 @@ def compute_approx_kl(
     >>> compute_approx_kl(lp, ref, "k1").item(), compute_approx_kl(lp, ref, "k2").item()
     (1.0, 0.5)
     """
+    if kl_type == TOKEN_LEVEL_KL:
+        raise ValueError("token_level_kl is exact and needs both full distributions, not the sampled token's "
+                         "log-probs: the trainer computes it (rlvr.train.token_kl) and passes it to actor_loss")
     estimator = KL[kl_type]  # fails with the valid list for an unknown name
     return estimator(log_probs.float() - ref_log_probs.float(), importance_ratio)

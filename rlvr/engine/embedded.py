@@ -216,6 +216,15 @@ class EmbeddedEngine:
             self._version = version
             self._needs_weights = False
 
+    def score(self, sequences: list[list[int]], temperature: float = 1.0) -> list[list[float | None]]:
+        """Input log-probs of each sequence (``rlvr.engine.scoring``), between two decode steps."""
+        from rlvr.engine.scoring import input_log_probs
+
+        with self._step_lock:
+            if self._asleep is not None:
+                raise RuntimeError("score: the engine is asleep; wake it first")
+            return [input_log_probs(self.model, ids, temperature) for ids in sequences]
+
     def abort(self, rid: str | None = None) -> None:
         with self._cv:
             if rid is None:

@@ -7,6 +7,10 @@ SGLang routes (payloads as SGLang's, for what rlvr uses):
   "finish_reason": {"type": "stop"|"length"|"abort", ...}, "prompt_tokens", "completion_tokens",
   "output_token_logprobs": [[logprob, token_id, null], ...], "weight_version"}}`` (a list for a
   batch). rlvr adds ``meta_info.output_token_weight_versions`` (one version per token).
+  With ``"sampling_params": {"max_new_tokens": 0}`` and ``"return_logprob": true`` nothing is
+  generated: ``meta_info.input_token_logprobs`` scores the given tokens from ``logprob_start_len``
+  on (``[[logprob | null, token_id, null], ...]``, null for the first token; ``rlvr.engine.scoring``),
+  what an on-policy-distillation teacher answers (``--use-opd --opd-type sglang``).
 - ``POST /update_weights_from_disk`` ``{"model_path", "weight_version"?}``: loads the directory's
   ``*.safetensors`` into the running engine between two decode steps.
 - ``POST /abort_request`` ``{"rid"}`` or ``{"abort_all": true}``; ``GET /health`` (200 / 503);
@@ -146,6 +150,9 @@ class Server:
         sps = sps if isinstance(sps, list) else [sps] * len(prompts)
         if len(sps) != len(prompts):
             raise BadRequest(f"'sampling_params' has {len(sps)} entries for {len(prompts)} prompts")
+        if all(isinstance(sp, dict) and sp.get("max_new_tokens") == 0 for sp in sps):
+            out = await self._score(prompts, sps, body)
+            return web.json_response(out if batch else out[0])
         eos = self.tokenizer.eos_token_id
         params = [sampling_params(sp, eos) for sp in sps]
         top = _field(body, "top_logprobs_num", int, 0)  # SGLang's: the head of q with every token
@@ -191,6 +198,23 @@ class Server:
                 meta["output_top_logprobs"] = [[[lp, t, None] for lp, t in zip(lps, ids)]
                                                for ids, lps in zip(res.top_token_ids, res.top_log_probs)]
         return {"text": self._text(res, req.params), "output_ids": res.token_ids, "meta_info": meta}
+
+    async def _score(self, prompts: list[list[int]], sps: list[dict], body: dict) -> list[dict]:
+        """Zero new tokens: the input log-probs of each prompt (SGLang's prefill-only scoring)."""
+        if not body.get("return_logprob", False):
+            raise BadRequest("max_new_tokens 0 generates nothing: add \"return_logprob\": true to score the input")
+        start = _field(body, "logprob_start_len", int, 0)
+        temps = [_field(sp, "temperature", float, 1.0) for sp in sps]
+        scored = [await asyncio.to_thread(self.engine.score, [p], t) for p, t in zip(prompts, temps)]
+        out = []
+        for ids, (lps,) in zip(prompts, scored):
+            first = max(start, 0)
+            meta = {"id": uuid.uuid4().hex, "finish_reason": {"type": "length", "length": 0},
+                    "prompt_tokens": len(ids), "completion_tokens": 0, "weight_version": str(self.engine.weight_version),
+                    "input_token_logprobs": [[lp, t, None] for lp, t in zip(lps[first:], ids[first:])],
+                    "output_token_logprobs": []}
+            out.append({"text": "", "output_ids": [], "meta_info": meta})
+        return out
 
     async def update_weights_from_disk(self, request: web.Request) -> web.Response:
         body = await _json(request)

@@ -32,7 +32,10 @@ Log-probs and entropy are computed only where needed: the hidden states that pre
 tokens are gathered first (token t is predicted at position t - 1), and the output layer and
 softmax run on those rows only, ``chunk_size`` rows at a time (``--log-probs-chunk-size``); under
 autograd each chunk is recomputed in backward, so the full ``[tokens, vocab]`` logits never exist
-at once.
+at once. With ``--kl-loss-type token_level_kl`` the same chunks also yield the exact KL to the
+reference over the whole vocabulary (``KLReference``: the reference's output layer and its last
+hidden states at the same positions), so its ``[chunk, vocab]`` log-softmax exists one chunk at a
+time too.
 
 Simplifications: decoder-only causal LMs only; soft-capped layers materialise their scores per
 slice (``SMALL_GROUP`` tokens at most per group call, a prompt or response slice otherwise), as the
@@ -336,32 +339,49 @@ def response_hidden(base_model: torch.nn.Module, batch: TokenBatch) -> torch.Ten
     return hidden.reshape(-1, hidden.shape[-1])[batch.src]
 
 
+@dataclass
+class KLReference:
+    """What the exact token-level KL needs of the reference model: its output layer (frozen) and
+    its last hidden states ``[M, H]`` at the positions that predict the micro-batch's M response
+    tokens, in the batch's order (sample by sample, token by token)."""
+
+    head: Callable[[torch.Tensor], torch.Tensor]
+    hidden: torch.Tensor
+
+
 def _chunk_log_probs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor,
-                     temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                     temperature: float, with_entropy: bool, ref_head=None, ref_hidden=None):
     logp = (head(hidden).float() / temperature).log_softmax(-1)
     # targets [m] (the response tokens) or [m, 1 + K] (each with score centering's head tokens)
     picked = logp.gather(-1, targets if targets.dim() == 2 else targets.unsqueeze(-1))
     picked = picked if targets.dim() == 2 else picked.squeeze(-1)
     entropy = -(logp.exp() * logp).sum(-1) if with_entropy else picked.new_zeros(0)
-    return picked, entropy
+    if ref_head is None:
+        return picked, entropy
+    with torch.no_grad():
+        ref_logp = (ref_head(ref_hidden).float() / temperature).log_softmax(-1)
+    return picked, entropy, (logp.exp() * (logp - ref_logp)).sum(-1)  # rlvr.algo.kl.exact_kl
 
 
 def token_log_probs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: torch.Tensor,
-                    temperature: float, with_entropy: bool, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    temperature: float, with_entropy: bool, chunk_size: int, kl_ref: KLReference | None = None):
     """log softmax(head(hidden) / T)[target] ``[M]`` and, optionally, the entropy ``[M]`` of each
-    row's distribution, ``chunk_size`` rows at a time (recomputed in backward under autograd)."""
-    picked, entropy = [], []
+    row's distribution, ``chunk_size`` rows at a time (recomputed in backward under autograd).
+    With ``kl_ref``, a third output: KL(p || p_ref) ``[M]`` summed over the vocabulary."""
+    outs: list[list[torch.Tensor]] = [[], [], []]
     for a in range(0, hidden.shape[0], chunk_size):
         args = (head, hidden[a : a + chunk_size], targets[a : a + chunk_size], temperature, with_entropy)
+        if kl_ref is not None:
+            args += (kl_ref.head, kl_ref.hidden[a : a + chunk_size])
         if torch.is_grad_enabled() and hidden.requires_grad:
-            lp, ent = checkpoint(_chunk_log_probs, *args, use_reentrant=False)
+            got = checkpoint(_chunk_log_probs, *args, use_reentrant=False)
         else:
-            lp, ent = _chunk_log_probs(*args)
-        picked.append(lp)
-        entropy.append(ent)
-    if not picked:
-        return hidden.new_zeros(0), (hidden.new_zeros(0) if with_entropy else None)
-    return torch.cat(picked), (torch.cat(entropy) if with_entropy else None)
+            got = _chunk_log_probs(*args)
+        for out, value in zip(outs, got):
+            out.append(value)
+    cat = lambda parts: torch.cat(parts) if parts else hidden.new_zeros(0)  # noqa: E731
+    picked, entropy = cat(outs[0]), (cat(outs[1]) if with_entropy else None)
+    return (picked, entropy) if kl_ref is None else (picked, entropy, cat(outs[2]))
 
 
 def to_rows(values: torch.Tensor, batch: TokenBatch, n_rows: int, width: int) -> torch.Tensor:
@@ -407,11 +427,12 @@ def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, OutputLay
 
 def response_log_probs(model: torch.nn.Module, samples: list[Sample], temperature: float, width: int,
                        with_entropy: bool, chunk_size: int = 1024, packed: bool = True,
-                       share_prompts: bool = True, heads: bool = False):
+                       share_prompts: bool = True, heads: bool = False, kl_ref: KLReference | None = None):
     """Log-probs ``[b, width]`` of each sample's response tokens under ``model`` at ``temperature``
-    (right-padded with 0), and the entropy of each position's distribution when asked (else None).
-    ``heads``: ``[b, width, 1 + K]``, each token's log-prob followed by those of its sampler head
-    (``Sample.rollout_topk_token_ids``, score centering; padding gathers token 0)."""
+    (right-padded with 0), and the entropy of each position's distribution when asked (else None);
+    with ``kl_ref`` also the exact KL to the reference ``[b, width]`` (a third output).
+    ``heads``: log-probs ``[b, width, 1 + K]``, each token's log-prob followed by those of its sampler
+    head (``Sample.rollout_topk_token_ids``, score centering; padding gathers token 0)."""
     if getattr(model.config, "_attn_implementation", None) != ATTN_IMPLEMENTATION:
         # Any other attention would let packed samples attend to each other: wrong numbers, silently.
         raise ValueError(f"response_log_probs needs a model loaded with attn_implementation={ATTN_IMPLEMENTATION!r} "
@@ -423,6 +444,6 @@ def response_log_probs(model: torch.nn.Module, samples: list[Sample], temperatur
     if heads:
         ids = head_token_ids(samples, width)[batch.rows, batch.cols]  # [M, K]
         targets = torch.cat([targets.unsqueeze(-1), ids], dim=-1)
-    lp, ent = token_log_probs(head, response_hidden(base, batch), targets, temperature, with_entropy, chunk_size)
-    rows = lambda v: to_rows(v, batch, len(samples), width)  # noqa: E731
-    return rows(lp), (rows(ent) if ent is not None else None)
+    out = token_log_probs(head, response_hidden(base, batch), targets, temperature, with_entropy, chunk_size, kl_ref)
+    rows = lambda v: to_rows(v, batch, len(samples), width) if v is not None else None  # noqa: E731
+    return tuple(rows(v) for v in out)

@@ -45,9 +45,9 @@ class LogProbModule(torch.nn.Module):
         self.model = model
 
     def forward(self, samples, temperature: float, width: int, with_entropy: bool, chunk: int, packed: bool,
-                share_prompts: bool, heads: bool = False):
+                share_prompts: bool, heads: bool = False, kl_ref=None):
         return response_log_probs(self.model, samples, temperature, width, with_entropy, chunk, packed=packed,
-                                  share_prompts=share_prompts, heads=heads)
+                                  share_prompts=share_prompts, heads=heads, kl_ref=kl_ref)
 
 
 class SingleProcess:

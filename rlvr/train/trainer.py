@@ -27,6 +27,12 @@ of a batch, the micro-batch count, gradient synchronisation, sums and whole tens
 switches are read from ``rlvr.testing.trainer_seam()``; the micro-batch ``Layout`` (packed, or
 padded as the throughput benchmark's reference) is a constructor argument.
 
+On-policy distillation (``--use-opd``): a teacher (``teacher.py``, built by ``rlvr.build``) scores
+the sampled tokens before the steps, and ``rlvr.algo.opd`` lowers the advantages by
+``opd_kl_coef * (p0's log-prob - the teacher's)``. ``--kl-loss-type token_level_kl``: the reference
+keeps its hidden states and the policy's chunked output layer sums the exact KL over the
+vocabulary (``token_kl.py``).
+
 The trainer is algorithm-blind beyond the functions it looks up in ``rlvr.algo``'s registries.
 Dropout stays off (``model.eval()``) in training too, as in slime, so p0 is exactly the policy
 before the update.
@@ -59,6 +65,8 @@ from rlvr.algo import (
     masked_whiten,
 )
 from rlvr.algo.score_centering import head_rollout_log_probs, split_heads
+from rlvr.algo.kl import TOKEN_LEVEL_KL
+from rlvr.algo.opd import opd_advantages
 from rlvr.config import TrainConfig
 from rlvr.observe.rollout_data import rollout_data_metrics, slime_rewards
 from rlvr.slime_plugins import estimator_rewards
@@ -68,10 +76,11 @@ from rlvr.train.batching import first_fit_decreasing, fixed_size, micro_batches,
 from rlvr.train.critic import CriticTrainer
 from rlvr.train.guard import BadStepGuard
 from rlvr.train.memory import peak_memory_gb, reset_peak_memory
-from rlvr.train.packing import ATTN_IMPLEMENTATION, Layout, response_log_probs
+from rlvr.train.packing import ATTN_IMPLEMENTATION, Layout, decoder_and_head, response_log_probs
 from rlvr.train.parallel import Parallel, SingleProcess
 from rlvr.train.schedule import lr_at
 from rlvr.train.step import Learner, accumulate, adamw, optimizer_step
+from rlvr.train.token_kl import ReferenceStates, reference_forward
 from rlvr.types import Sample, Status
 
 log = logging.getLogger(__name__)
@@ -130,6 +139,9 @@ class RolloutTensors:
     returns: torch.Tensor | None = None
     sampler_head: tuple[torch.Tensor, torch.Tensor] | None = None  # score centering: (log q, mask) [B, width, K]
     rewards: torch.Tensor | None = None  # [B] what the advantages were built from, as slime's rollout_data["rewards"]
+    ref_states: ReferenceStates | None = None  # token_level_kl: the reference's hidden states
+    teacher_log_probs: torch.Tensor | None = None  # --use-opd; NaN rows: the teacher failed
+    opd_reverse_kl: torch.Tensor | None = None
 
     @property
     def width(self) -> int:
@@ -147,6 +159,7 @@ class Trainer:
         total_steps: int = 1,
         parallel: Parallel | None = None,
         layout: Layout = Layout(),
+        teacher=None,
     ):
         self.cfg, self.algo = train, algo
         self.total_steps = total_steps  # optimizer steps in the run, for the LR schedule
@@ -164,6 +177,8 @@ class Trainer:
             self.ref_model = ref.requires_grad_(False)
         # R3: policy and reference forwards use the engine's experts (routing_replay.py)
         self.routing_replay = routing_replay.install(self.model, self.ref_model) if train.use_rollout_routing_replay else []
+        self.exact_kl = needs_ref and algo.kl_loss_type == TOKEN_LEVEL_KL
+        self.teacher = teacher  # --use-opd: rlvr.train.teacher.LoadedTeacher or ServedTeacher
         if train.recompute_activations:
             enable_recompute(self.model)
         # Policy forwards go through the strategy's module (under --ray: DDP/FSDP2-wrapped, one rank).
@@ -245,7 +260,7 @@ class Trainer:
         # On-policy (one optimizer step, nothing reads p0 before the loss): p0 is the training
         # forward's own log-probs, detached -- the numbers a separate forward would give, one forward fewer.
         p0_in_loss = (trainer_seam().p0_from_train_forward and (self.global_batch_size or n) >= n
-                      and self.algo.kl_coef == 0 and not self.cfg.use_rollout_logprobs)
+                      and self.algo.kl_coef == 0 and not self.cfg.use_rollout_logprobs and self.teacher is None)
         forward_all = partial(self._forward_all, samples=samples, kept=kept, width=width)
         with torch.no_grad():
             if self.cfg.use_rollout_logprobs:
@@ -256,16 +271,30 @@ class Trainer:
                 old_lp = torch.zeros(n, width)  # filled by _rl_step from the training forward
             else:
                 old_lp = forward_all(lambda mb: self._log_probs(self.policy, mb, width, False)[0])
-            ref_lp = None
+            ref_lp, ref_states = None, None
             if self.ref_model is not None:
                 self.ref_forwards += 1
                 ref = partial(response_log_probs, self.ref_model)
-                ref_lp = forward_all(lambda mb: self._log_probs(ref, mb, width, False)[0])
+                if self.exact_kl:  # its hidden states too, for the exact KL in the steps
+                    ref_lp, ref_states = self._reference_states(samples, kept, width)
+                else:
+                    ref_lp = forward_all(lambda mb: self._log_probs(ref, mb, width, False)[0])
             values = forward_all(lambda mb: self.critic.values(mb, width)) if self.critic is not None else None
-        out = RolloutTensors(samples, kept, mask, rollout_lp, old_lp, p0_in_loss, ref_lp, values)
+            teacher_lp = forward_all(lambda mb: self.teacher.log_probs(
+                mb, self.temperature, width, self._chunk(), self.layout)) if self.teacher is not None else None
+        out = RolloutTensors(samples, kept, mask, rollout_lp, old_lp, p0_in_loss, ref_lp, values,
+                             ref_states=ref_states, teacher_log_probs=teacher_lp)
         if self.algo.use_score_centering:
             out.sampler_head = head_rollout_log_probs(samples, width)
         return out
+    def _reference_states(self, samples: list[Sample], kept: set[int], width: int):
+        """token_level_kl: the reference's log-probs [B, width] and the response hidden states of
+        every kept sample (this rank's), from one reference forward."""
+        states, out = ReferenceStates(decoder_and_head(self.ref_model)[1]), torch.zeros(len(samples), width)
+        for mb in self._micro_batches(samples, sorted(kept)):
+            out[mb] = reference_forward(self.ref_model, [samples[i] for i in mb], mb, states, self.temperature,
+                                        width, self._chunk(), self.layout)
+        return self.dp.all_reduce_sum_(out), states
 
     def _advantages(self, batch: RolloutTensors) -> None:
         """Sets ``batch.advantages`` (whitened with --normalize-advantages) and ``batch.returns``
@@ -280,6 +309,11 @@ class Trainer:
         est = estimator_of(algo)
         advantages, batch.returns = est(inputs, algo)
         batch.rewards = slime_rewards(rewards, self.n_samples_per_prompt, algo, est.group_relative)
+        if batch.teacher_log_probs is not None:  # on-policy distillation (rlvr.algo.opd)
+            answered = ~batch.teacher_log_probs.isnan().any(dim=1, keepdim=True)
+            advantages, batch.opd_reverse_kl = opd_advantages(
+                advantages, batch.old_log_probs, batch.teacher_log_probs.nan_to_num(0.0), batch.mask * answered,
+                algo.opd_kl_coef)
         batch.advantages = masked_whiten(advantages, batch.mask) if algo.normalize_advantages else advantages
 
     def _rl_step(self, rollout_id: int, batch: RolloutTensors, idx: list[int]) -> dict[str, float]:
@@ -289,7 +323,7 @@ class Trainer:
         mbs = self._micro_batches(batch.samples, idx)
         denominator = global_denominator([batch.mask[idx]], per_token)
 
-        def loss(mb: list[int], lp: torch.Tensor, ent: torch.Tensor):
+        def loss(mb: list[int], lp: torch.Tensor, ent: torch.Tensor, exact_kl: torch.Tensor | None = None):
             head = None
             if batch.sampler_head is not None:  # score centering: lp carries the head tokens' too
                 lp, head = split_heads(lp, *(t[mb] for t in batch.sampler_head))
@@ -297,10 +331,11 @@ class Trainer:
                 batch.old_log_probs[mb] = lp.detach()
             ref_lp = batch.ref_log_probs[mb] if batch.ref_log_probs is not None else None
             return actor_loss(lp, ent, batch.old_log_probs[mb], batch.rollout_log_probs[mb], batch.advantages[mb],
-                              batch.mask[mb], ref_lp, self.algo, head)
+                              batch.mask[mb], ref_lp, self.algo, head, exact_kl=exact_kl)
 
+        kl_ref = batch.ref_states.for_micro_batch if batch.ref_states is not None else None
         step_metrics = self._policy_step(rollout_id, batch.samples, mbs, batch.mask, per_token, denominator, loss,
-                                         heads=batch.sampler_head is not None)
+                                         heads=batch.sampler_head is not None, kl_ref=kl_ref)
         if self.critic is not None:
             step_metrics |= self.critic.step(batch.samples, mbs, batch.mask, per_token, denominator, batch.values,
                                              batch.returns, self._lr_scale())
@@ -317,6 +352,10 @@ class Trainer:
         metrics["train/train_rollout_logprob_abs_diff"] = float(masked_mean(diff, mask))
         metrics["train/advantage_mean"] = float(masked_mean(batch.advantages, mask))
         metrics |= self._rollout_data_metrics(batch)
+        if batch.opd_reverse_kl is not None:  # slime's name; tokens with a teacher answer
+            answered = mask * ~batch.teacher_log_probs.isnan().any(dim=1, keepdim=True)
+            metrics["train/opd_reverse_kl"] = float(masked_mean(batch.opd_reverse_kl, answered))
+            metrics["train/opd_teacher_failures"] = int(batch.teacher_log_probs.isnan().any(dim=1).sum())
         if batch.values is not None:
             metrics["train/explained_variance"] = explained_variance(batch.values, batch.returns, mask)
         metrics["perf/train_time"] = seconds
@@ -343,19 +382,22 @@ class Trainer:
 
     # ---- internals -------------------------------------------------------------------------
     def _policy_step(self, rollout_id: int, samples: list[Sample], mbs: list[list[int]], mask: torch.Tensor,
-                     per_token: bool, denominator: float, token_loss, heads: bool = False) -> dict[str, float]:
+                     per_token: bool, denominator: float, token_loss, heads: bool = False,
+                     kl_ref=None) -> dict[str, float]:
         """One optimizer step of the policy over micro-batches ``mbs``, skipped (and recorded by the
         guard) when the loss or the gradient norm is not finite.
 
         ``token_loss(mb, log_probs, entropy) -> (per-token loss, per-token metrics)``, all [b, T].
         Every micro-batch is normalised by the global batch's ``denominator``, so the summed
-        gradient equals the one-batch gradient.
+        gradient equals the one-batch gradient. ``kl_ref(mb) -> packing.KLReference`` (token_level_kl)
+        adds the exact KL to the forward's outputs, passed to ``token_loss`` as a fourth argument.
         """
         width = mask.shape[1]
 
         def loss_fn(mb: list[int]):
-            lp, ent = self._log_probs(self.policy, [samples[i] for i in mb], width, True, heads)
-            loss_tok, tok_metrics = token_loss(mb, lp.float(), ent.float())
+            out = self._log_probs(self.policy, [samples[i] for i in mb], width, True, heads=heads,
+                                  kl_ref=kl_ref(mb) if kl_ref is not None else None)
+            loss_tok, tok_metrics = token_loss(mb, *(t.float() for t in out))
             return hook_loss(rollout_id, aggregate_loss(loss_tok, mask[mb], per_token, denominator)), tok_metrics
 
         totals = accumulate(self.learner, mbs, loss_fn, mask, per_token, denominator)
@@ -368,11 +410,13 @@ class Trainer:
         c = self.cfg
         return lr_at(self.step, self.total_steps, c.lr, c.min_lr, c.lr_decay_style, c.lr_warmup_iters) / c.lr
 
-    def _log_probs(self, forward, mb: list[Sample], width: int, with_entropy: bool, heads: bool = False):
+    def _chunk(self) -> int:
+        return self.cfg.log_probs_chunk_size if self.cfg.log_probs_chunk_size > 0 else 1 << 62
+
+    def _log_probs(self, forward, mb: list[Sample], width: int, with_entropy: bool, **kwargs):
         """``forward`` is ``self.policy`` or ``response_log_probs`` bound to a model (same arguments)."""
-        chunk = self.cfg.log_probs_chunk_size if self.cfg.log_probs_chunk_size > 0 else 1 << 62
-        return forward(mb, self.temperature, width, with_entropy, chunk, self.layout.packed, self.layout.share_prompts,
-                       heads)
+        return forward(mb, self.temperature, width, with_entropy, self._chunk(), self.layout.packed,
+                       self.layout.share_prompts, **kwargs)
 
     def _fitting(self, samples: list[Sample]) -> set[int]:
         """Indices of the samples that fit one micro-batch; the others are logged and left out."""
