@@ -12,7 +12,14 @@ PIP     = $(PY) -m pip
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 
-.PHONY: setup setup-dev demo test clean
+# make gpu-wheels: the wheels the GPU machine lacks (it has torch, transformers, peft, pytest, ...,
+# and sympy with torch, but no network; see scripts/gpu_check.py): math-verify and its parser
+# dependencies, all pure Python, pinned to what this project is tested with. Install them there
+# with: pip install --no-index --find-links .gpu-wheels math-verify
+GPU_WHEELS ?= .gpu-wheels
+GPU_WHEEL_SPECS = math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2
+
+.PHONY: setup setup-dev demo test clean gpu-wheels
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +40,10 @@ demo: setup
 
 test: setup-dev
 	$(PY) -m pytest -q
+
+gpu-wheels:
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: -d $(GPU_WHEELS) $(GPU_WHEEL_SPECS)
+	@ls $(GPU_WHEELS)
 
 clean:
 	rm -rf runs examples/arith/assets

@@ -26,7 +26,8 @@ from rlvr.slime_plugins import SlimeArgs, slime_data_source
 from rlvr.train.teacher import teacher_of
 from rlvr.train.trainer import Trainer
 
-__all__ = ["Components", "build_engine", "build_local", "check_fits_micro_batch", "export_hf", "load_tokenizer",
+__all__ = ["Components", "build_engine", "build_local", "check_fits_micro_batch", "embedded_engine", "export_hf",
+           "load_tokenizer",
            "make_rollout", "make_trainer", "open_training_data", "read_dataset", "read_eval_sets", "save_hf"]
 
 
@@ -70,23 +71,31 @@ def open_training_data(cfg: Config, tokenizer) -> PromptDataset:
 
 
 def build_local(cfg: Config) -> Components:
-    """Local mode: trainer, engine and rollout in this process."""
+    """Local mode: trainer, engine and rollout in this process, on ``--device``."""
     tokenizer = load_tokenizer(cfg.train.hf_checkpoint)
     records = open_training_data(cfg, tokenizer)
     check_fits_micro_batch(cfg, records)
     trainer = make_trainer(cfg)
     # The engine starts from the trainer's weights, so both hold the same policy at version 0.
     engine = build_engine(cfg, trainer.model, tokenizer)
+    if cfg.cluster.colocate:  # one device, time-shared (rlvr.colocate)
+        from rlvr.colocate import Colocated
+
+        trainer = Colocated(trainer, engine, offload_optimizer=cfg.cluster.offload_train)
     rollout = make_rollout(cfg, engine, tokenizer, records)
     return Components(tokenizer, rollout, trainer, read_eval_sets(cfg), close=getattr(engine, "close", lambda: None))
 
 
-def make_trainer(cfg: Config, parallel=None) -> Trainer:
-    """The trainer (one data-parallel rank of it when ``parallel`` is given)."""
+def make_trainer(cfg: Config, parallel=None, device=None) -> Trainer:
+    """The trainer (one data-parallel rank of it when ``parallel`` is given) on ``device``
+    (default: what ``--device`` means on this machine; Ray ranks pass their bundle's)."""
+    from rlvr.device import resolve
+
     return Trainer(cfg.train, cfg.algo, temperature=cfg.rollout.rollout_temperature,
                    global_batch_size=cfg.global_batch_size, n_samples_per_prompt=cfg.rollout.n_samples_per_prompt,
                    total_steps=cfg.run.num_rollout * cfg.steps_per_rollout, parallel=parallel,
-                   teacher=teacher_of(cfg.algo, cfg.reward, cfg.train))
+                   teacher=teacher_of(cfg.algo, cfg.reward, cfg.train),
+                   device=device if device is not None else resolve(cfg.cluster.device))
 
 
 def make_rollout(cfg: Config, engine, tokenizer, records) -> Rollout:
@@ -126,10 +135,19 @@ def build_engine(cfg: Config, model, tokenizer):
 
         return HttpEngine(r.rollout_external_engine_addrs, timeout=r.rollout_external_engine_timeout,
                           retries=r.rollout_external_engine_retries, routed_experts_top_k=routed_top_k(cfg))
+    return embedded_engine(cfg, model, tokenizer)
+
+
+def embedded_engine(cfg: Config, model, tokenizer, device=None, seed: int | None = None):
+    """The embedded engine on ``model`` (a module: a copy on its device; a path: loaded on
+    ``device``), with ``--rollout-max-running-requests`` slots and the ``--sglang-mem-fraction-static``
+    memory budget. Local mode and Ray's engine actors both build it here."""
     from rlvr.engine.embedded import EmbeddedEngine
 
-    return EmbeddedEngine(model, pad_token_id=tokenizer.pad_token_id, seed=cfg.train.seed,
-                          max_batch_size=r.rollout_max_running_requests, tokenizer=tokenizer,
+    r = cfg.engine
+    return EmbeddedEngine(model, pad_token_id=tokenizer.pad_token_id, seed=cfg.train.seed if seed is None else seed,
+                          max_batch_size=r.rollout_max_running_requests, tokenizer=tokenizer, device=device,
+                          mem_fraction=r.sglang_mem_fraction_static,
                           return_routed_experts=cfg.train.use_rollout_routing_replay)
 
 

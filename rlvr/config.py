@@ -420,6 +420,8 @@ class Config:
             return self
         if self.cluster.ray:
             self._validate_ray()
+        if self.cluster.colocate:
+            self._validate_colocate()
         if (self.agent.tools or self.agent.environment_path) and not self.data.apply_chat_template:
             raise ConfigError("--tools" if self.agent.tools else "--environment-path",
                               "multi-turn chat needs --apply-chat-template (turns follow the chat template)")
@@ -450,6 +452,25 @@ class Config:
             raise ConfigError("--advantage-estimator", f"{name} reads per-sample inputs {list(est.side_inputs)} that "
                                                        f"no reward post-process writes: {est.side_inputs_hint}")
 
+    def _validate_colocate(self) -> None:
+        """What cannot time-share a device with the trainer (both modes; rlvr.colocate, placement.py)."""
+        local, e = not self.cluster.ray, self.engine
+        refused = [
+            ("--rollout-external-engine-addrs", local and bool(e.rollout_external_engine_addrs),
+             "an external server keeps its own memory; drop --colocate (or the servers)"),
+            ("--rollout-num-engines", local and e.uses_engine_processes,
+             "rlvr serve processes keep their own memory; colocate one embedded engine (drop the flag)"),
+            ("--async", local and self.asynchronous.async_train,
+             "sampling and training overlap, so they cannot time-share the device; drop --colocate"),
+            ("--debug-rollout-only", local and self.run.debug_rollout_only,
+             "nothing trains, so there is nothing to time-share with; drop --colocate"),
+            ("--update-weights-interval", self.asynchronous.update_weights_interval != 1,
+             "a colocated engine is emptied while the trainer steps and reloaded after every step; use 1"),
+        ]
+        for flag, bad, why in refused:
+            if bad:
+                raise ConfigError(flag, f"with --colocate: {why}")
+
     def _validate_ray(self) -> None:
         """What ``--ray`` cannot do (yet), refused before any actor starts."""
         c, world = self.cluster, self.cluster.train_world_size
@@ -466,6 +487,8 @@ class Config:
              "nothing trains, so there is nothing to time-share with; drop --colocate"),
             ("--bf16", self.train.bf16 and c.train_backend == "fsdp",
              "--train-backend fsdp keeps float32 parameters; drop --bf16 or use ddp"),
+            ("--offload-train", c.offload_train and c.train_backend == "fsdp",
+             "not built for FSDP2's sharded optimizer state yet; use ddp or drop it"),
             ("--ref-update-interval", self.train.ref_update_interval is not None and c.train_backend == "fsdp",
              "not supported with --train-backend fsdp yet; use ddp"),
             ("--async", self.asynchronous.async_train and c.colocate,

@@ -20,6 +20,7 @@ from rlvr.data.dataset import DataSource, PromptRecord, render_prompt
 from rlvr.evaluate import evaluate_model
 from rlvr.observe import ConsoleProgress, MetricsLogger
 from rlvr.observe.run_files import prepare_run_dir
+from rlvr.device import resolve
 from rlvr.train.trainer import Trainer
 from rlvr.types import Sample
 
@@ -72,7 +73,8 @@ def run_sft(cfg: Config, out_dir: str | Path, console: bool = True) -> Path:
     cfg.save_yaml(run_dir / "config.yaml")
     tokenizer = load_tokenizer(cfg.train.hf_checkpoint)
     source = DataSource(open_training_data(cfg, tokenizer), seed=d.rollout_seed)
-    trainer = Trainer(cfg.train, cfg.algo, temperature=1.0, total_steps=cfg.run.num_rollout)
+    trainer = Trainer(cfg.train, cfg.algo, temperature=1.0, total_steps=cfg.run.num_rollout,
+                      device=resolve(cfg.cluster.device))
     evaluate = SftEvaluator(cfg, trainer, tokenizer)
 
     def to_sample(r: PromptRecord) -> Sample:

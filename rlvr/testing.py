@@ -14,6 +14,9 @@ Production code calls these at fixed points; outside tests they do nothing.
   at a named point (``engine-monitor``: each health check of the engine supervisor's monitor) by
   setting ``RLVR_TEST_RAISE_AT=name:K``: every K-th time the point is reached it raises
   ``InjectedFault`` (K = 2: every other time).
+* ``logical_gpus()``: GPU placement tests on a CPU-only machine set ``RLVR_TEST_LOGICAL_GPUS=N``
+  (and start Ray with ``num_gpus=N``): the GPU count checks see N GPUs, Ray hands out GPU bundles
+  and ids, and every actor still computes on CPU (``rlvr.device.for_actor``) with gloo.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ log = logging.getLogger(__name__)
 
 SIGKILL_AT_ENV = "RLVR_TEST_SIGKILL_AT"
 RAISE_AT_ENV = "RLVR_TEST_RAISE_AT"
+LOGICAL_GPUS_ENV = "RLVR_TEST_LOGICAL_GPUS"
 
 _reached: dict[str, int] = {}  # fault point -> times reached in this process
 
@@ -110,3 +114,16 @@ def fault_point(point: str) -> None:
     _reached[point] = n = _reached.get(point, 0) + 1
     if n % int(every) == 0:
         raise InjectedFault(f"{RAISE_AT_ENV}={spec}: injected at {point} (time {n})")
+
+
+def logical_gpus() -> int | None:
+    """The GPU count a placement test pretends this machine has (``RLVR_TEST_LOGICAL_GPUS``), or
+    None outside such tests. Compute stays on CPU whenever it is set.
+
+    >>> os.environ[LOGICAL_GPUS_ENV] = "4"; logical_gpus()
+    4
+    >>> del os.environ[LOGICAL_GPUS_ENV]; logical_gpus() is None
+    True
+    """
+    value = os.environ.get(LOGICAL_GPUS_ENV)
+    return int(value) if value else None

@@ -13,6 +13,18 @@ from rlvr.data.arith import make_splits, write_jsonl
 from rlvr.models.tiny import build_tiny_model
 from rlvr.types import Sample
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` need CUDA: skipped (with the reason) on a machine without it."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (pytest -m gpu on a GPU machine; scripts/gpu_check.py)")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
+
+
 SMALL = dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=1)
 
 

@@ -188,11 +188,8 @@ def test_ray_flags_validated(tiny_qwen2, arith_files):
     base = ["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(arith_files[0]),
             "--rollout-batch-size", "2", "--n-samples-per-prompt", "3"]
     cases = [
-        (["--colocate"], "--colocate", "only acts with --ray"),
         (["--train-backend", "fsdp"], "--train-backend", "only acts with --ray"),
         (["--ray", "--actor-num-cpu-workers-per-node", "4"], "--global-batch-size", "split evenly across 4"),
-        (["--ray", "--actor-num-gpus-per-node", "8"], "--actor-num-gpus-per-node", "not supported yet"),
-        (["--ray", "--rollout-num-gpus", "3", "--rollout-num-gpus-per-engine", "2"], "--rollout-num-gpus", "multiple"),
         (["--ray", "--advantage-estimator", "ppo", "--n-samples-per-prompt", "2"], "--advantage-estimator", "critic"),
         (["--ray", "--rollout-external-engine-addrs", "127.0.0.1:30000"], "--rollout-external-engine-addrs", "local mode"),
         (["--ray", "--debug-rollout-only", "--colocate"], "--debug-rollout-only", "--colocate"),

@@ -33,7 +33,8 @@ def _free_port() -> int:
 def _start(ckpt, port: int) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rlvr.cli", "serve", "--hf-checkpoint", str(ckpt), "--port", str(port)],
+        [sys.executable, "-m", "rlvr.cli", "serve", "--hf-checkpoint", str(ckpt), "--port", str(port),
+         "--device", "cpu", "--mem-fraction-static", "0.5"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
     )
     deadline = time.monotonic() + 120
@@ -248,14 +249,16 @@ def test_client_returns_an_error_result_when_no_server_answers():
 
 def test_rlvr_train_samples_on_an_external_server(server, tiny_qwen2, arith_files, tmp_path):
     """`rlvr train --rollout-external-engine-addrs`: rollouts over HTTP, weights pushed from disk,
-    and the trainer's recomputed log-probs match the server's (on-policy, same weights)."""
+    and the trainer's recomputed log-probs match the server's (on-policy, same weights). The
+    command line is a GPU user's with a real SGLang server (docs/scaling.md), `rlvr serve`
+    standing in: the trainer on `--device`, ICE-POP correcting the engine/trainer mismatch."""
     train, _ = arith_files
     out = tmp_path / "run"
     r = subprocess.run(
         [sys.executable, "-m", "rlvr.cli", "train", "--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(train),
          "--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6",
          "--num-rollout", "2", "--lr", "1e-3", "--rollout-external-engine-addrs", f"127.0.0.1:{server}",
-         "--output-dir", str(out)],
+         "--device", "cpu", "--use-tis", "--tis-mode", "icepop", "--output-dir", str(out)],
         capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
     try:
@@ -265,6 +268,7 @@ def test_rlvr_train_samples_on_an_external_server(server, tiny_qwen2, arith_file
         trains = [x for x in records if "train/step" in x]
         assert len(rollouts) == 2 and all(x["perf/rollout_tokens_per_s"] > 0 for x in rollouts)
         assert all(x["train/train_rollout_logprob_abs_diff"] < 1e-4 for x in trains)
+        assert all(abs(x["train/tis"] - 1.0) < 1e-3 for x in trains)  # same numerics here: weights ~1
         with urllib.request.urlopen(f"http://127.0.0.1:{server}/get_model_info", timeout=5) as resp:
             assert json.loads(resp.read())["weight_version"] == "2"  # the trainer's weights after 2 steps
     finally:

@@ -30,7 +30,7 @@ import torch
 from rlvr.config import Config, EvalConfig
 from rlvr.data.dataset import PromptRecord
 from rlvr.distributed.failures import get_all, get_one
-from rlvr.distributed.placement import Plan, actor_setup, in_bundle
+from rlvr.distributed.placement import Plan, actor_setup, in_bundle, placement_info
 from rlvr.distributed.weight_sync import WeightMismatch, WeightsRef, checksum, from_store
 from rlvr.engine.balance import Affinity
 from rlvr.engine.base import GenerateRequest, GenerateResult
@@ -43,15 +43,18 @@ class EngineActor:
 
     def __init__(self, cfg: Config, index: int, cwd: str):
         actor_setup(cwd)
-        from rlvr.engine.embedded import EmbeddedEngine
-        from rlvr.build import load_tokenizer
+        from rlvr.build import embedded_engine, load_tokenizer
+        from rlvr.device import for_actor
 
         tokenizer = load_tokenizer(cfg.train.hf_checkpoint)
+        self.device = for_actor(cfg.cluster.gpus_per_engine > 0)  # its bundle's GPU (shared when colocated)
         # Engine i samples from its own stream (seed + i); one engine samples as local mode's does.
-        self.engine = EmbeddedEngine(cfg.train.hf_checkpoint, pad_token_id=tokenizer.pad_token_id,
-                                     seed=cfg.train.seed + index, tokenizer=tokenizer,
-                                     max_batch_size=cfg.engine.rollout_max_running_requests,
-                                     return_routed_experts=cfg.train.use_rollout_routing_replay)
+        self.engine = embedded_engine(cfg, cfg.train.hf_checkpoint, tokenizer, device=self.device,
+                                      seed=cfg.train.seed + index)
+
+    def placement(self) -> dict:
+        """Where Ray put this engine (tests): GPU ids, CUDA_VISIBLE_DEVICES, device."""
+        return placement_info(self.device)
 
     async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         return await self.engine.generate(requests)
@@ -102,7 +105,8 @@ def engine_states(states: list[torch.Tensor | None] | torch.Tensor, n: int) -> l
 
 def make_engine_actor(cfg: Config, pg, p: Plan, cwd: str, i: int):
     """Create engine actor ``i`` in its bundle (version 0: the ``--hf-checkpoint`` weights)."""
-    return ray.remote(EngineActor).options(**in_bundle(pg, p.engine_bundles[i], p.engine_share)).remote(cfg, i, cwd)
+    return ray.remote(EngineActor).options(**in_bundle(pg, p.engine_bundles[i], p.engine_share, p.engine_gpus(i))
+                                           ).remote(cfg, i, cwd)
 
 
 class EngineGroup:

@@ -1,6 +1,6 @@
 """The training group: N Ray actors, one ``Trainer`` each, forming one torch.distributed group.
 
-Each ``TrainWorker`` is a rank (gloo on CPU; NCCL once GPUs are placed) holding the ordinary
+Each ``TrainWorker`` is a rank (NCCL in GPU bundles, gloo in CPU ones: ``rlvr.device``) holding the ordinary
 single-process ``Trainer`` with a ``DataParallel`` strategy (DDP or FSDP2, ``--train-backend``):
 every rank receives the whole rollout (one object-store copy), computes the advantages of all
 of it (cheap; group statistics need whole groups) and trains on its share, split by token count
@@ -12,7 +12,10 @@ trainer's on the same global batch (tests/test_ray.py).
 every rank and gathered with ``get_all`` (first failure raised at once).
 
 Colocated (``--colocate``): after handing its weights over, each rank frees its gradients (the
-memory the engines then use); on GPUs this is where optimizer state would move to host memory.
+memory the engines then use) and, with ``--offload-train``, moves AdamW's state to host memory
+until its next ``train`` (DDP; refused with FSDP2). Not built yet on Ray: on-device/CUDA-IPC or
+NCCL weight hand-off -- weights go rank 0 -> object store (host memory) -> engines on every
+device (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from pathlib import Path
 import ray
 import torch
 
+from rlvr.colocate import move_optimizer_state
 from rlvr.config import Config
 from rlvr.distributed.failures import get_all
-from rlvr.distributed.placement import Plan, actor_setup, in_bundle
+from rlvr.distributed.placement import Plan, actor_setup, in_bundle, placement_info
 from rlvr.distributed.weight_sync import WeightsRef, checksum, from_store, to_store
 from rlvr.train.guard import BadStepGuard
 from rlvr.types import Sample
@@ -47,6 +51,9 @@ class TrainWorker:
         actor_setup(cwd)
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.trainer = None
+        from rlvr.device import for_actor
+
+        self.device = for_actor(cfg.cluster.gpus_per_train_rank > 0)  # its bundle's GPU, else CPU
 
     def address(self) -> tuple[str, int]:
         """Rank 0's address for the process group's rendezvous."""
@@ -56,15 +63,27 @@ class TrainWorker:
         import torch.distributed as dist
 
         from rlvr.build import make_trainer
+        from rlvr.device import process_group_backend
         from rlvr.train.parallel import DataParallel
 
-        backend = "nccl" if self.cfg.cluster.uses_gpus else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        dist.init_process_group(process_group_backend(self.device), init_method=f"tcp://{host}:{port}", rank=self.rank,
                                 world_size=self.world_size, timeout=PROCESS_GROUP_TIMEOUT)
-        self.trainer = make_trainer(self.cfg, DataParallel(self.cfg.cluster.train_backend, self.cfg.train.balance_data))
+        self.trainer = make_trainer(self.cfg, DataParallel(self.cfg.cluster.train_backend, self.cfg.train.balance_data),
+                                    device=self.device)
         return self.trainer.step
 
+    def placement(self) -> dict:
+        """Where Ray put this rank: its GPU ids, CUDA_VISIBLE_DEVICES, device, and the process-group
+        backend ``setup`` uses (tests)."""
+        from rlvr.device import process_group_backend
+
+        return placement_info(self.device) | {"backend": process_group_backend(self.device)}
+
     def train(self, rollout_id: int, samples: list[Sample]) -> tuple[dict, list, int]:
+        if self.cfg.cluster.offload_train:  # back from the host for the step
+            move_optimizer_state(self.trainer.optimizer, self.device)
         metrics = self.trainer.train(rollout_id, samples)
         return metrics, list(self.trainer.guard.streak), self.trainer.step
 
@@ -73,6 +92,8 @@ class TrainWorker:
         weights = self.trainer.weights()
         if self.cfg.cluster.colocate:  # the engines are about to wake in this memory
             self.trainer.model.zero_grad(set_to_none=True)
+            if self.cfg.cluster.offload_train:
+                move_optimizer_state(self.trainer.optimizer, "cpu")
         if self.rank != 0:
             return None, None
         # No copy here: Ray serialises the return value into the object store before this actor
@@ -100,8 +121,8 @@ class RayTrainer:
         self.cfg = cfg
         world = cfg.cluster.train_world_size
         cls = ray.remote(TrainWorker)
-        self.workers = [cls.options(**in_bundle(pg, p.train_bundles[r], p.train_share)).remote(cfg, r, world, cwd)
-                        for r in range(world)]
+        self.workers = [cls.options(**in_bundle(pg, p.train_bundles[r], p.train_share, p.train_gpus(r)))
+                        .remote(cfg, r, world, cwd) for r in range(world)]
         self.step = 0
         self.guard = BadStepGuard(cfg.train.max_consecutive_skipped_steps)
 

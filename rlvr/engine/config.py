@@ -23,6 +23,10 @@ class EngineConfig:
     """Inference engines: embedded, external servers, or supervised processes / actors."""
 
     rollout_max_running_requests: int = _f(256, "embedded engine: responses decoded together (batch slots)", ge=1)
+    sglang_mem_fraction_static: float | None = _f(
+        None, "embedded engine: fraction of the device's memory (GPU memory on CUDA, physical memory on CPU) its weights "
+              "and KV cache may hold; rows wait when the next one would not fit (default: no budget)", gt=0, le=1
+    )
     rollout_external_engine_addrs: list[str] = _f([], "host:port of SGLang-protocol servers (rlvr serve, SGLang) instead of the embedded engine")
     rollout_external_engine_timeout: float = _f(600.0, "seconds one request may take on an external engine before it is retried elsewhere", gt=0)
     rollout_external_engine_retries: int = _f(2, "retries of a request on another external engine after its server failed", ge=0)
@@ -45,6 +49,9 @@ class EngineConfig:
             host, sep, port = addr.rpartition(":")
             if not (sep and host and port.isdigit()):
                 raise ConfigError("--rollout-external-engine-addrs", f"{addr!r} is not host:port (e.g. 127.0.0.1:30000)")
+        if self.sglang_mem_fraction_static is not None and (self.rollout_external_engine_addrs or self.uses_engine_processes):
+            raise ConfigError("--sglang-mem-fraction-static", "budgets the embedded engine's memory (in process or a Ray "
+                              "actor); external and rlvr serve engines manage their own: set it on those servers")
         if self.use_fault_tolerance and self.rollout_external_engine_addrs:
             raise ConfigError("--use-fault-tolerance", "restarts the engine processes rlvr launches itself; it cannot restart "
                               "--rollout-external-engine-addrs servers (drop one of the two)")

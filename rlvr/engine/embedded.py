@@ -19,6 +19,19 @@ request; they come back with their tokens so far and reason ``abort`` after at m
 step that was running. ``update_weights`` takes effect between two decode steps: a request in
 flight keeps its KV cache and continues under the new weights, and ``weight_versions`` records
 which version sampled each token.
+
+Device (issue 16): the engine computes on ``device`` (default: the given module's device, or CPU
+for a checkpoint path). The batch's tensors, the per-request sampling generators and every
+sampling input live there; the host sees one copy per decode step (the step's sampled tokens and
+their log-probs together, ``_to_host``: stop checks and results need them), never one per row or
+per token. The stream that draws each request's seed stays a CPU generator, so a checkpoint's
+engine state is the same kind of tensor on every device.
+
+Memory budget (``kv_budget_bytes``, from ``--sglang-mem-fraction-static``; ``rlvr.build``): the
+KV cache may hold at most this many bytes, charged as ``kv.footprint`` (rows x their widest
+prompt + max new tokens x bytes per cached token, measured on the model, doubled for the growing
+buffer). Admission takes rows only while the charge fits; a request that cannot fit even alone
+ends with reason ``error`` and a message to raise the fraction.
 """
 
 from __future__ import annotations
@@ -93,15 +106,19 @@ class EmbeddedEngine:
         pad_token_id: int,
         seed: int = 0,
         max_batch_size: int = 256,
-        device: str = "cpu",
+        device: str | torch.device | None = None,
         tokenizer=None,
         return_routed_experts: bool = False,
         dtype: torch.dtype | None = None,
+        kv_budget_bytes: int | None = None,
+        mem_fraction: float | None = None,
     ):
         if isinstance(model, PreTrainedModel):
+            # A copy on the model's own device (colocated on one GPU: no host round trip).
             self.model = copy.deepcopy(model)
         else:
             self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+        device = torch.device(device) if device is not None else next(self.model.parameters()).device
         # dtype: the engine's precision when it differs from the model's (e.g. bfloat16 sampling
         # for a float32 trainer, the train-inference mismatch R3 and TIS correct).
         self.model.to(device, dtype=dtype).eval().requires_grad_(False)
@@ -110,8 +127,13 @@ class EmbeddedEngine:
         self.routing = RoutingRecorder(self.model) if return_routed_experts else None
         self.device, self.pad_token_id, self.max_batch_size = device, pad_token_id, max_batch_size
         self.tokenizer = tokenizer  # needed only for stop strings
-        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.generator = torch.Generator().manual_seed(seed)  # CPU: draws each request's seed
+        if mem_fraction is not None:  # --sglang-mem-fraction-static: weights + KV within this share
+            kv_budget_bytes = kv_budget_from_fraction(mem_fraction, self.model, device)
+        self.kv_budget_bytes = kv_budget_bytes
+        self.kv_token_bytes = kv.bytes_per_token(self.model, device) if kv_budget_bytes is not None else 0
         self.steps = 0  # decode steps run so far (tests measure abort latency with it)
+        self.peak_running = 0  # most rows ever in the batch at once (tests check the KV budget with it)
         self._version = 0
         self._cv = threading.Condition()
         self._step_lock = threading.Lock()  # held for one model step; weight updates wait for it
@@ -256,6 +278,8 @@ class EmbeddedEngine:
     def sleep(self) -> None:
         """Free the weights (they are the trainer's to keep); ``wake`` + ``update_weights`` restore them."""
         with self._step_lock, self._cv:  # lock order as in the worker: step, then queue
+            if self._asleep is not None:  # already asleep: the shapes it keeps must stay the real ones
+                return
             if self._pending or self._live():
                 raise RuntimeError("sleep: requests are in flight; abort() or wait for them first")
             shapes = {}
@@ -301,7 +325,7 @@ class EmbeddedEngine:
                 # thread timing or batch company, so a run repeats (and resumes) exactly.
                 seed = r.params.seed
                 if seed is None:
-                    seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))
+                    seed = int(torch.randint(0, 2**62, (1,), generator=self.generator, device="cpu"))
                 row = _Row(r, call, i, next(self._seq), torch.Generator(device=self.device).manual_seed(seed),
                            on_token=on_token)
                 key = tuple(r.prompt_ids)
@@ -379,13 +403,38 @@ class EmbeddedEngine:
         admitted: list[_Group] = []
         while self._pending and free > 0:
             g = self._pending[0]
-            if len(g.rows) <= free:
+            take = min(len(g.rows), free, self._fits(admitted, g))
+            if take == 0:
+                if not self._rows and not admitted:  # alone in an empty engine and still too big
+                    self._refuse_over_budget(g)
+                    continue
+                break
+            if take == len(g.rows):
                 admitted.append(self._pending.popleft())
             else:
-                admitted.append(_Group(g.prompt, g.rows[:free]))
-                g.rows = g.rows[free:]
-            free -= len(admitted[-1].rows)
+                admitted.append(_Group(g.prompt, g.rows[:take]))
+                g.rows = g.rows[take:]
+            free -= take
         return admitted
+
+    def _fits(self, admitted: list[_Group], g: _Group) -> int:
+        """Rows of ``g`` that fit the KV budget beside the batch and ``admitted`` (no budget: all)."""
+        if self.kv_budget_bytes is None:
+            return len(g.rows)
+        widths = [len(r.req.prompt_ids) + r.req.params.max_new_tokens for r in self._rows]
+        widths += [len(a.prompt) + r.req.params.max_new_tokens for a in admitted for r in a.rows]
+        return kv.rows_within_budget(widths, [len(g.prompt) + r.req.params.max_new_tokens for r in g.rows],
+                                     self.kv_token_bytes, self.kv_budget_bytes)
+
+    def _refuse_over_budget(self, g: _Group) -> None:
+        """End the first row of ``g`` (it cannot fit even alone) with a message. Holds ``_cv``."""
+        r = g.rows.pop(0)
+        need = kv.footprint([len(g.prompt) + r.req.params.max_new_tokens], self.kv_token_bytes)
+        self._finish(r, "error", {"error": f"the engine's KV budget is {self.kv_budget_bytes / 2**20:.1f} MiB and this "
+                                           f"request needs {need / 2**20:.1f} MiB; raise --sglang-mem-fraction-static "
+                                           "or lower --rollout-max-response-len"})
+        if not g.rows:
+            self._pending.popleft()
 
     def _fail_all(self, error: BaseException) -> None:
         calls = {id(r.call): r.call for r in self._rows}
@@ -412,18 +461,19 @@ class EmbeddedEngine:
         """Drop finished rows from the batch and append ``new`` rows. Holds ``_cv``."""
         keep = [i for i, r in enumerate(self._rows) if not r.done]
         if len(keep) < len(self._rows):
-            self._batch = kv.select(self._batch, torch.tensor(keep, dtype=torch.long)) if keep else None
+            self._batch = kv.select(self._batch, self._index(keep)) if keep else None
             self._rows = [self._rows[i] for i in keep]
         if new is not None and new[0]:
             self._batch = kv.concat(self._batch, new[1])
             self._rows = self._rows + new[0]
+            self.peak_running = max(self.peak_running, len(self._rows))
 
     @torch.no_grad()
     def _step(self, admitted: list[_Group]) -> None:
         """One decode step for the running rows, then prefill + first token for the admitted groups."""
         if self._rows:
             b = self._batch
-            mask = torch.cat([b.mask, torch.ones(len(b), 1, dtype=b.mask.dtype)], dim=1)
+            mask = torch.cat([b.mask, b.mask.new_ones(len(b), 1)], dim=1)
             logits = self.model(
                 input_ids=b.last.unsqueeze(-1), attention_mask=mask, position_ids=b.next_pos.unsqueeze(-1),
                 cache=b.cache, use_cache=True,
@@ -442,7 +492,7 @@ class EmbeddedEngine:
         if admitted:
             rows, batch = self._prefill(admitted)
             keep = self._retire(rows)
-            new = ([rows[i] for i in keep], kv.select(batch, torch.tensor(keep, dtype=torch.long)) if keep else None)
+            new = ([rows[i] for i in keep], kv.select(batch, self._index(keep)) if keep else None)
         with self._cv:
             # Dead rows still ride along (wasted compute) until an eighth of the batch is dead:
             # compacting copies the whole cache, so doing it on every finish costs more.
@@ -455,24 +505,25 @@ class EmbeddedEngine:
         and sample every row's first token."""
         lens = [len(g.prompt) for g in groups]
         width = max(lens)
-        ids = torch.full((len(groups), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(groups), width), dtype=torch.long)
+        ids = torch.full((len(groups), width), self.pad_token_id, dtype=torch.long, device="cpu")
+        mask = torch.zeros((len(groups), width), dtype=torch.long, device="cpu")
         for i, g in enumerate(groups):
-            ids[i, width - lens[i]:] = torch.tensor(g.prompt)
+            ids[i, width - lens[i]:] = torch.tensor(g.prompt, device="cpu")
             mask[i, width - lens[i]:] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)  # one copy each per prefill
         position = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
         logits = self.model(
             input_ids=ids, attention_mask=mask, position_ids=position, cache=cache, use_cache=True, logits_to_keep=1
         ).logits[:, -1, :].float()
-        fan = torch.tensor([i for i, g in enumerate(groups) for _ in g.rows])
+        fan = self._index([i for i, g in enumerate(groups) for _ in g.rows])
         rows = [r for g in groups for r in g.rows]
         if self.routing is not None:  # the prompt's routing, computed once, shared by the group's rows
             routes = self.routing.take().view(len(groups), width, *self.routing_shape)
             for i, g in enumerate(groups):
                 for r in g.rows:
                     r.routes = [routes[i, width - lens[i]:]]
-        batch = kv.select(kv.KVBatch(cache, mask, torch.tensor(lens), torch.zeros(len(groups), dtype=torch.long)), fan)
+        batch = kv.select(kv.KVBatch(cache, mask, self._index(lens), mask.new_zeros(len(groups))), fan)
         batch.last = self._sample_rows(rows, logits[fan])
         return rows, batch
 
@@ -480,12 +531,13 @@ class EmbeddedEngine:
         params = [r.req.params for r in rows]
         tokens, logp = sample_next(
             logits,
-            torch.tensor([p.temperature for p in params], dtype=torch.float32),
-            torch.tensor([p.top_k for p in params], dtype=torch.long),
-            torch.tensor([p.top_p for p in params], dtype=torch.float32),
+            torch.tensor([p.temperature for p in params], dtype=torch.float32, device=self.device),
+            self._index([p.top_k for p in params]),
+            torch.tensor([p.top_p for p in params], dtype=torch.float32, device=self.device),
             [r.generator for r in rows],
         )
-        for r, t, lp in zip(rows, tokens.tolist(), logp.tolist(), strict=True):
+        host_tokens, host_logp = _to_host(tokens, logp)
+        for r, t, lp in zip(rows, host_tokens, host_logp, strict=True):
             if r.done:
                 continue
             r.tokens.append(t)
@@ -495,12 +547,16 @@ class EmbeddedEngine:
                 r.on_token(t, lp, self._version)
         k = max(p.top_logprobs_num for p in params)
         if k:  # score centering's head: the top-k of q with every sampled token
-            ids, lps = top_log_probs(logits, torch.tensor([p.temperature for p in params]), k)
+            ids, lps = top_log_probs(logits, torch.tensor([p.temperature for p in params], device=self.device), k)
             for r, i, lp in zip(rows, ids.tolist(), lps.tolist(), strict=True):
                 if not r.done and r.req.params.top_logprobs_num:
                     r.top_ids.append(i[: r.req.params.top_logprobs_num])
                     r.top_log_probs.append(lp[: r.req.params.top_logprobs_num])
         return tokens
+
+    def _index(self, values: list[int]) -> torch.Tensor:
+        """A long tensor on the engine's device (row indices, lengths, top-k)."""
+        return torch.tensor(values, dtype=torch.long, device=self.device)
 
     def _retire(self, rows: list[_Row]) -> list[int]:
         """Finish rows that hit a stop or their length; return the indices of the others."""
@@ -516,6 +572,27 @@ class EmbeddedEngine:
             else:
                 keep.append(i)
         return keep
+
+
+def kv_budget_from_fraction(fraction: float, model: torch.nn.Module, device: torch.device) -> int:
+    """KV bytes left when the engine may hold ``fraction`` of the device's memory
+    (``rlvr.device.total_memory_bytes``) and its weights take their share first."""
+    from rlvr.device import module_bytes, total_memory_bytes
+
+    total, weights = total_memory_bytes(device), module_bytes(model)
+    budget = int(fraction * total) - weights
+    if budget <= 0:
+        raise ValueError(f"--sglang-mem-fraction-static {fraction}: {fraction * total / 2**30:.2f} GiB of the "
+                         f"{device} memory ({total / 2**30:.1f} GiB) cannot hold the engine's weights "
+                         f"({weights / 2**30:.2f} GiB) and a KV cache; raise it")
+    return budget
+
+
+def _to_host(tokens: torch.Tensor, log_probs: torch.Tensor) -> tuple[list[int], list[float]]:
+    """One device-to-host copy for a step's tokens [B] and log-probs [B] (float64 holds every
+    token id exactly)."""
+    both = torch.stack([tokens.double(), log_probs.double()]).cpu()
+    return [int(t) for t in both[0].tolist()], both[1].tolist()
 
 
 def _hits_stop_string(tokenizer, tokens: list[int], stops: tuple[str, ...]) -> bool:

@@ -16,6 +16,12 @@ columns, which equals distance in positions because a row's real tokens are alwa
 the right (left padding, columns appended, leading columns cut). Exact for sliding-window models
 (Mistral, Gemma 2/3, Qwen2 with ``use_sliding_window``; tests/test_model_matrix.py).
 Simplification: no rolling buffer, so a sliding-window layer's cache grows like a full one.
+
+Budget (``--sglang-mem-fraction-static``): ``footprint`` is what a batch of rows is charged --
+rows x the widest row's columns (left padding makes every row as wide as the widest) x the bytes
+one cached token takes in every layer (``bytes_per_token``, measured on the model), x 2 because a
+``GrowingLayer`` buffer may be up to twice its contents after doubling. The transient copy of a
+``select``/``concat`` is not charged.
 """
 
 from __future__ import annotations
@@ -67,6 +73,41 @@ def make_cache(data: list[tuple[torch.Tensor, torch.Tensor]], spare: int = SPARE
     cache.layers = [GrowingLayer(k, v, spare) for k, v in data]
     cache.layer_class_to_replicate = None
     return cache
+
+
+BUFFER_SLACK = 2  # a GrowingLayer buffer holds at most twice its columns
+
+
+def bytes_per_token(model: torch.nn.Module, device: torch.device) -> int:
+    """Bytes of keys and values one token of one row adds to the cache, over all layers: measured
+    by a one-token forward (architecture-independent: GQA, MoE, per-layer head sizes)."""
+    cache = DynamicCache()
+    with torch.no_grad():
+        model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), cache=cache, use_cache=True)
+    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers(cache))
+
+
+def footprint(widths: list[int], token_bytes: int) -> int:
+    """Bytes charged for rows of these widths (prompt + max new tokens) batched together.
+
+    >>> footprint([10, 30], 100)
+    12000
+    """
+    return BUFFER_SLACK * len(widths) * max(widths, default=0) * token_bytes
+
+
+def rows_within_budget(running: list[int], candidates: list[int], token_bytes: int, budget: int) -> int:
+    """How many of ``candidates`` (widths, taken in order) fit beside the ``running`` rows.
+
+    >>> rows_within_budget([10], [10, 10, 10], 1, 60)  # 2 x 3 rows x 10 columns = 60 bytes
+    2
+    >>> rows_within_budget([], [50], 1, 60)
+    0
+    """
+    n = 0
+    while n < len(candidates) and footprint(running + candidates[: n + 1], token_bytes) <= budget:
+        n += 1
+    return n
 
 
 @dataclass

@@ -454,15 +454,23 @@ def main(argv: list[str]) -> None:
     p.add_argument("--served-model-name", default=None, help="model name in OpenAI responses; default the path")
     p.add_argument("--enable-return-routed-experts", action="store_true",
                    help="MoE: record each position's routed experts; a /generate with return_routed_experts gets them (R3)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
+    p.add_argument("--mem-fraction-static", type=float, default=None,
+                   help="fraction of the device's memory for weights + KV cache (SGLang's flag; default: no budget)")
     a = p.parse_args(argv)
     if not (Path(a.hf_checkpoint) / "config.json").is_file():
         raise ConfigError("--hf-checkpoint", f"{a.hf_checkpoint} has no config.json; point it at a HF model directory")
     if a.max_running_requests < 1:
         raise ConfigError("--max-running-requests", f"must be >= 1, got {a.max_running_requests}")
+    if a.mem_fraction_static is not None and not 0 < a.mem_fraction_static <= 1:
+        raise ConfigError("--mem-fraction-static", f"must be in (0, 1], got {a.mem_fraction_static}")
+    from rlvr.device import resolve
+
+    device = resolve(a.device)
     tokenizer = load_tokenizer(a.hf_checkpoint)
     engine = EmbeddedEngine(a.hf_checkpoint, pad_token_id=tokenizer.pad_token_id, seed=a.seed,
-                            max_batch_size=a.max_running_requests, tokenizer=tokenizer,
-                            return_routed_experts=a.enable_return_routed_experts)
+                            max_batch_size=a.max_running_requests, tokenizer=tokenizer, device=device,
+                            mem_fraction=a.mem_fraction_static, return_routed_experts=a.enable_return_routed_experts)
     server = Server(engine, tokenizer, a.served_model_name or a.hf_checkpoint)
     print(f"rlvr serve: {a.hf_checkpoint} on http://{a.host}:{a.port}", flush=True)
     web.run_app(server.app(), host=a.host, port=a.port, print=None)

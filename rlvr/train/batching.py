@@ -205,8 +205,8 @@ def data_parallel_split(lengths: list[int], world_size: int, balance: bool) -> l
 
 def pad_right(rows: list[list[float]] | list[list[int]], width: int, value: float = 0.0, dtype=torch.float32):
     """``[len(rows), width]`` tensor, each row left-aligned and padded with ``value``."""
-    out = torch.full((len(rows), width), value, dtype=dtype)
+    out = torch.full((len(rows), width), value, dtype=dtype, device="cpu")  # on the host; callers move it once
     for i, row in enumerate(rows):
         if row:
-            out[i, : len(row)] = torch.tensor(row, dtype=dtype)
+            out[i, : len(row)] = torch.tensor(row, dtype=dtype, device="cpu")
     return out

@@ -40,7 +40,7 @@ class Critic(torch.nn.Module):
 
     def forward(self, samples: list[Sample], width: int) -> torch.Tensor:
         """Values ``[b, width]`` of each sample's response tokens, right-padded with 0 (packed forward)."""
-        batch = pack(samples)
+        batch = pack(samples).to(self.head.weight.device)
         values = self.head(response_hidden(self.backbone, batch).float()).squeeze(-1)
         return to_rows(values, batch, len(samples), width)
 
@@ -54,8 +54,8 @@ class CriticTrainer:
     ``step`` after each policy step, on the same micro-batches."""
 
     def __init__(self, checkpoint: str, make_optimizer: Callable[[list], torch.optim.Optimizer], value_clip: float,
-                 clip_grad: float):
-        self.model = Critic(checkpoint)
+                 clip_grad: float, device: torch.device | str = "cpu"):
+        self.model = Critic(checkpoint).to(device)
         params = list(self.model.parameters())
         self.optimizer = make_optimizer(params)
         self.learner = Learner(self.model, self.optimizer, params, params, SingleProcess(), self.model)

@@ -62,33 +62,35 @@ from rlvr.types import Sample
 ATTN_IMPLEMENTATION = "rlvr_varlen"
 
 
-def _bottom_right_causal(q_len: int, k_len: int) -> torch.Tensor:
+def _bottom_right_causal(q_len: int, k_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """[q_len, k_len] bool: query i (the last q_len of k_len positions) sees keys <= k_len - q_len + i."""
-    return torch.ones(q_len, k_len, dtype=torch.bool).tril(diagonal=k_len - q_len)
+    return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(diagonal=k_len - q_len)
 
 
 SMALL_GROUP = 512  # tokens: a group this short runs as one masked SDPA call (mask <= 512 x 512)
 
 
-def group_mask(prompt: int, responses: list[int]) -> torch.Tensor:
+def group_mask(prompt: int, responses: list[int], device: torch.device | str = "cpu") -> torch.Tensor:
     """[L, L] bool attention pattern of one packed group (prompt, then its responses): causal,
     and a response sees only the prompt and itself.
 
     >>> group_mask(1, [1, 2]).int().tolist()
     [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]]
     """
-    seg = torch.repeat_interleave(torch.arange(len(responses) + 1), torch.tensor([prompt, *responses]))
-    pos = torch.arange(seg.numel())
+    seg = torch.repeat_interleave(torch.arange(len(responses) + 1, device=device),
+                                  torch.tensor([prompt, *responses], device=device))
+    pos = torch.arange(seg.numel(), device=device)
     return (pos[None, :] <= pos[:, None]) & ((seg[None, :] == seg[:, None]) | (seg[None, :] == 0))
 
 
-def group_positions(prompt: int, responses: list[int]) -> torch.Tensor:
+def group_positions(prompt: int, responses: list[int], device: torch.device | str = "cpu") -> torch.Tensor:
     """[L] position ids of one packed group: the prompt from 0, each response continuing from it.
 
     >>> group_positions(2, [1, 2]).tolist()
     [0, 1, 2, 2, 3]
     """
-    return torch.cat([torch.arange(prompt), *(torch.arange(prompt, prompt + r) for r in responses)])
+    return torch.cat([torch.arange(prompt, device=device),
+                      *(torch.arange(prompt, prompt + r, device=device) for r in responses)])
 
 
 def within_window(mask: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
@@ -150,10 +152,11 @@ def varlen_attention(module, query, key, value, attention_mask, dropout=0.0, sca
                                       scaling=scaling, **kwargs)
     gqa = getattr(module, "num_key_value_groups", 1) > 1  # SDPA repeats k/v heads itself, no copy
 
+    dev = query.device  # every mask is built where the attention runs: no host-to-device copies
+
     def attend(q, k, v, mask=None):  # mask None: plain causal over a square block
-        mask = None if mask is None else mask.to(q.device)
         if softcap is not None:
-            mask = _bottom_right_causal(q.shape[2], k.shape[2]).to(q.device) if mask is None else mask
+            mask = _bottom_right_causal(q.shape[2], k.shape[2], dev) if mask is None else mask
             return capped_attention(q, k, v, mask, scaling, softcap)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scaling,
                                               enable_gqa=gqa)
@@ -173,18 +176,18 @@ def varlen_attention(module, query, key, value, attention_mask, dropout=0.0, sca
             if len(responses) == 1 and win is None:
                 out.append(attend(q, k, v))
                 continue
-            pos = group_positions(prompt, responses)
-            out.append(attend(q, k, v, within_window(group_mask(prompt, responses), pos, pos, win)))
+            pos = group_positions(prompt, responses, dev)
+            out.append(attend(q, k, v, within_window(group_mask(prompt, responses, dev), pos, pos, win)))
             continue
         pq, pk, pv = next(pieces)
-        p_pos = torch.arange(prompt)
+        p_pos = torch.arange(prompt, device=dev)
         out.append(attend(pq, pk, pv, None if win is None else within_window(
-            _bottom_right_causal(prompt, prompt), p_pos, p_pos, win)))
+            _bottom_right_causal(prompt, prompt, dev), p_pos, p_pos, win)))
         for r in responses:
             q, k, v = next(pieces)
             if r:
-                mask = within_window(_bottom_right_causal(r, prompt + r), torch.arange(prompt, prompt + r),
-                                     torch.arange(prompt + r), win)
+                mask = within_window(_bottom_right_causal(r, prompt + r, dev), torch.arange(prompt, prompt + r, device=dev),
+                                     torch.arange(prompt + r, device=dev), win)
                 out.append(attend(q, torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2), mask))
     return torch.cat(out, dim=2).transpose(1, 2).contiguous(), None
 
@@ -224,6 +227,16 @@ class TokenBatch:
     # position, (-1, -1) for padding; what routing replay (rlvr.train.routing_replay) aligns by
     origin: torch.Tensor | None = None
 
+    def to(self, device: torch.device) -> TokenBatch:
+        """The batch on ``device`` (built on the host from token lists: one copy per tensor per micro-batch)."""
+        if self.input_ids.device == device:
+            return self
+        move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
+        # ``origin`` stays on the host: routing replay (R3) builds its plan from it there.
+        return TokenBatch(*(move(t) for t in (self.input_ids, self.attention_mask, self.position_ids, self.src,
+                                              self.targets, self.rows, self.cols)), model_kwargs=self.model_kwargs,
+                          origin=self.origin)
+
     @property
     def slots(self) -> int:
         """Positions the model computes (real tokens + padding)."""
@@ -240,7 +253,7 @@ def _index(rows: list[tuple[int, int, list[int], list[int]]]):
         targets.extend(resp)
         out_rows.extend([row] * len(resp))
         cols.extend(range(len(resp)))
-    return tuple(torch.tensor(x, dtype=torch.long) for x in (src, targets, out_rows, cols))
+    return tuple(torch.tensor(x, dtype=torch.long, device="cpu") for x in (src, targets, out_rows, cols))
 
 
 def pack(samples: list[Sample], share_prompts: bool = True) -> TokenBatch:
@@ -283,12 +296,12 @@ def pack(samples: list[Sample], share_prompts: bool = True) -> TokenBatch:
             origin += [(i, p) for p in range(len(prompt), len(prompt) + len(resp) - 1)]
             inputs.append(max(len(resp) - 1, 0))
         groups.append((len(prompt), inputs))
-    row = torch.tensor([ids], dtype=torch.long)
+    row = torch.tensor([ids], dtype=torch.long, device="cpu")  # built on the host; TokenBatch.to moves it
     # An all-ones 2D mask turns off transformers' packed-sequence detection (which would build an
     # N x N mask); the layout reaches the attention function as packed_groups.
-    return TokenBatch(row, torch.ones_like(row), torch.tensor([positions], dtype=torch.long),
+    return TokenBatch(row, torch.ones_like(row), torch.tensor([positions], dtype=torch.long, device="cpu"),
                       *_index(sorted(index, key=lambda x: x[1])), model_kwargs={"packed_groups": groups},
-                      origin=torch.tensor(origin, dtype=torch.long).reshape(-1, 2))
+                      origin=torch.tensor(origin, dtype=torch.long, device="cpu").reshape(-1, 2))
 
 
 def pad(samples: list[Sample]) -> TokenBatch:
@@ -299,16 +312,16 @@ def pad(samples: list[Sample]) -> TokenBatch:
     ([[1, 2, 3], [4, 5, 0]], [1, 3])
     """
     width = max(s.total_length for s in samples)
-    ids = torch.zeros(len(samples), width, dtype=torch.long)
-    attn = torch.zeros(len(samples), width, dtype=torch.long)
+    ids = torch.zeros(len(samples), width, dtype=torch.long, device="cpu")
+    attn = torch.zeros(len(samples), width, dtype=torch.long, device="cpu")
     for i, s in enumerate(samples):
-        ids[i, : s.total_length] = torch.tensor(s.prompt_ids + s.response_ids)
+        ids[i, : s.total_length] = torch.tensor(s.prompt_ids + s.response_ids, device="cpu")
         attn[i, : s.total_length] = 1
-    positions = torch.arange(width).expand(len(samples), width)
+    positions = torch.arange(width, device="cpu").expand(len(samples), width)
     rows = [(i * width + len(s.prompt_ids), i, i * width + len(s.prompt_ids) - 1, s.response_ids)
             for i, s in enumerate(samples)]
     real = attn.bool().reshape(-1)
-    origin = torch.stack([torch.arange(len(samples)).repeat_interleave(width), positions.reshape(-1)], dim=1)
+    origin = torch.stack([torch.arange(len(samples), device="cpu").repeat_interleave(width), positions.reshape(-1)], dim=1)
     origin[~real] = -1
     return TokenBatch(ids, attn, positions, *_index(rows), origin=origin)
 
@@ -438,11 +451,11 @@ def response_log_probs(model: torch.nn.Module, samples: list[Sample], temperatur
         raise ValueError(f"response_log_probs needs a model loaded with attn_implementation={ATTN_IMPLEMENTATION!r} "
                          f"(rlvr.train.trainer.load_policy); this one uses {model.config._attn_implementation!r}")
     base, head = decoder_and_head(model)
-    batch = Layout(packed, share_prompts).batch(samples)
+    batch = Layout(packed, share_prompts).batch(samples).to(model.device)
     set_replay_plan(model, batch, samples)  # R3: the engine's experts at every position (no-op otherwise)
     targets = batch.targets
     if heads:
-        ids = head_token_ids(samples, width)[batch.rows, batch.cols]  # [M, K]
+        ids = head_token_ids(samples, width).to(targets.device)[batch.rows, batch.cols]  # [M, K]
         targets = torch.cat([targets.unsqueeze(-1), ids], dim=-1)
     out = token_log_probs(head, response_hidden(base, batch), targets, temperature, with_entropy, chunk_size, kl_ref)
     rows = lambda v: to_rows(v, batch, len(samples), width) if v is not None else None  # noqa: E731

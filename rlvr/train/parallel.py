@@ -97,6 +97,9 @@ class DataParallel:
         self.backend, self.balance = backend, balance
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.loss_scale = float(self.world_size)  # DDP / FSDP2 average gradients; the loss already is global
+        # Where the small collectives' tensors live: NCCL reduces CUDA tensors only.
+        self.device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
+            else torch.device("cpu")
 
     # ---- the module ---------------------------------------------------------------------------
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -127,7 +130,7 @@ class DataParallel:
         return [idx[j] for j in parts[self.rank]]
 
     def agree_count(self, n: int) -> int:
-        t = torch.tensor([n], dtype=torch.int64)
+        t = torch.tensor([n], dtype=torch.int64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return int(t)
 
@@ -137,7 +140,7 @@ class DataParallel:
 
     def sum_metrics(self, totals: dict[str, float]) -> dict[str, float]:
         keys = sorted(totals)
-        t = self.all_reduce_sum_(torch.tensor([totals[k] for k in keys], dtype=torch.float64))
+        t = self.all_reduce_sum_(torch.tensor([totals[k] for k in keys], dtype=torch.float64, device=self.device))
         return dict(zip(keys, t.tolist()))
 
     # ---- whole tensors (weight sync, checkpoints) ----------------------------------------------

@@ -97,14 +97,15 @@ def collate_train_metadata(samples: list[Sample], width: int) -> dict[str, torch
         if isinstance(values[0], (list, tuple)):
             out[key] = pad_right([list(v) for v in values], width)
         else:
-            out[key] = torch.tensor([float(v) for v in values], dtype=torch.float32)
+            out[key] = torch.tensor([float(v) for v in values], dtype=torch.float32, device="cpu")
     return out
 
 
-def load_policy(path: str, bf16: bool) -> torch.nn.Module:
-    """A causal LM in eval mode (no dropout) whose attention understands packed micro-batches."""
+def load_policy(path: str, bf16: bool, device: torch.device | str = "cpu") -> torch.nn.Module:
+    """A causal LM on ``device`` in eval mode (no dropout) whose attention understands packed micro-batches."""
     dtype = torch.bfloat16 if bf16 else torch.float32
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
+    return model.to(device).eval()
 
 
 def enable_recompute(model: torch.nn.Module) -> int:
@@ -160,6 +161,7 @@ class Trainer:
         parallel: Parallel | None = None,
         layout: Layout = Layout(),
         teacher=None,
+        device: torch.device | str = "cpu",
     ):
         self.cfg, self.algo = train, algo
         self.total_steps = total_steps  # optimizer steps in the run, for the LR schedule
@@ -168,12 +170,15 @@ class Trainer:
         self.n_samples_per_prompt = n_samples_per_prompt
         self.layout = layout  # packed micro-batches; benchmarks/train_throughput.py compares padded ones
         torch.manual_seed(train.seed)
-        self.model = load_policy(train.hf_checkpoint, train.bf16)
+        # Policy, reference, critic, masters, optimizer state and every rollout tensor live on
+        # ``device``; --bf16's float32 masters too (rlvr.device; issue 16).
+        self.device = torch.device(device)
+        self.model = load_policy(train.hf_checkpoint, train.bf16, self.device)
         # The reference model exists only when a KL term reads it; frozen, never trained.
         needs_ref = algo.use_kl_loss or algo.kl_coef != 0
         self.ref_model = None
         if needs_ref:
-            ref = load_policy(train.ref_load, train.bf16) if train.ref_load else copy.deepcopy(self.model)
+            ref = load_policy(train.ref_load, train.bf16, self.device) if train.ref_load else copy.deepcopy(self.model)
             self.ref_model = ref.requires_grad_(False)
         # R3: policy and reference forwards use the engine's experts (routing_replay.py)
         self.routing_replay = routing_replay.install(self.model, self.ref_model) if train.use_rollout_routing_replay else []
@@ -202,7 +207,7 @@ class Trainer:
     def _critic(self) -> CriticTrainer:
         c = self.cfg
         return CriticTrainer(c.critic_load or c.hf_checkpoint, partial(self._adamw, lr=c.critic_lr or c.lr),
-                             self.algo.value_clip, c.clip_grad)
+                             self.algo.value_clip, c.clip_grad, self.device)
 
     # ---- what the loop calls --------------------------------------------------------------
     def weights(self) -> dict[str, torch.Tensor]:
@@ -213,7 +218,7 @@ class Trainer:
     def train(self, rollout_id: int, samples: list[Sample]) -> dict[str, float]:
         """One rollout's optimizer steps. Returns ``train/*`` and ``perf/*`` metrics."""
         t0 = time.perf_counter()
-        reset_peak_memory()
+        reset_peak_memory(self.device)
         batch = self._rollout_tensors(samples)
         self._advantages(batch)
         n, gbs = len(samples), self.global_batch_size or len(samples)
@@ -237,7 +242,7 @@ class Trainer:
     def train_sft(self, samples: list[Sample]) -> dict[str, float]:
         """One optimizer step of negative log-likelihood on the response tokens (per-token mean)."""
         width = max(s.response_length for s in samples)
-        mask = pad_right([s.loss_mask for s in samples], width)
+        mask = pad_right([s.loss_mask for s in samples], width).to(self.device)
         idx = list(range(len(samples)))
 
         def nll(mb: list[int], lp: torch.Tensor, ent: torch.Tensor):
@@ -255,8 +260,9 @@ class Trainer:
         on-policy, from the training forward), the reference's log-probs, the critic's values."""
         n, width = len(samples), max(s.response_length for s in samples)
         kept = self._fitting(samples)
-        mask = pad_right([s.loss_mask if i in kept else [] for i, s in enumerate(samples)], width)
-        rollout_lp = pad_right([s.rollout_log_probs for s in samples], width)
+        # Built on the host from the samples' lists, then one copy each to the device.
+        mask = pad_right([s.loss_mask if i in kept else [] for i, s in enumerate(samples)], width).to(self.device)
+        rollout_lp = pad_right([s.rollout_log_probs for s in samples], width).to(self.device)
         # On-policy (one optimizer step, nothing reads p0 before the loss): p0 is the training
         # forward's own log-probs, detached -- the numbers a separate forward would give, one forward fewer.
         p0_in_loss = (trainer_seam().p0_from_train_forward and (self.global_batch_size or n) >= n
@@ -268,7 +274,7 @@ class Trainer:
                     raise ValueError("--use-rollout-logprobs: some samples carry no engine log-probs for every token")
                 old_lp = rollout_lp
             elif p0_in_loss:
-                old_lp = torch.zeros(n, width)  # filled by _rl_step from the training forward
+                old_lp = torch.zeros(n, width, device=self.device)  # filled by _rl_step from the training forward
             else:
                 old_lp = forward_all(lambda mb: self._log_probs(self.policy, mb, width, False)[0])
             ref_lp, ref_states = None, None
@@ -280,17 +286,17 @@ class Trainer:
                 else:
                     ref_lp = forward_all(lambda mb: self._log_probs(ref, mb, width, False)[0])
             values = forward_all(lambda mb: self.critic.values(mb, width)) if self.critic is not None else None
-            teacher_lp = forward_all(lambda mb: self.teacher.log_probs(
-                mb, self.temperature, width, self._chunk(), self.layout)) if self.teacher is not None else None
+            teacher_lp = None if self.teacher is None else forward_all(  # the teacher answers on the host
+                lambda mb: self.teacher.log_probs(mb, self.temperature, width, self._chunk(), self.layout).to(self.device))
         out = RolloutTensors(samples, kept, mask, rollout_lp, old_lp, p0_in_loss, ref_lp, values,
                              ref_states=ref_states, teacher_log_probs=teacher_lp)
         if self.algo.use_score_centering:
-            out.sampler_head = head_rollout_log_probs(samples, width)
+            out.sampler_head = tuple(t.to(self.device) for t in head_rollout_log_probs(samples, width))
         return out
     def _reference_states(self, samples: list[Sample], kept: set[int], width: int):
         """token_level_kl: the reference's log-probs [B, width] and the response hidden states of
         every kept sample (this rank's), from one reference forward."""
-        states, out = ReferenceStates(decoder_and_head(self.ref_model)[1]), torch.zeros(len(samples), width)
+        states, out = ReferenceStates(decoder_and_head(self.ref_model)[1]), torch.zeros(len(samples), width, device=self.device)
         for mb in self._micro_batches(samples, sorted(kept)):
             out[mb] = reference_forward(self.ref_model, [samples[i] for i in mb], mb, states, self.temperature,
                                         width, self._chunk(), self.layout)
@@ -300,12 +306,13 @@ class Trainer:
         """Sets ``batch.advantages`` (whitened with --normalize-advantages) and ``batch.returns``
         from the registered estimator."""
         algo, samples = self.algo, batch.samples
-        rewards = torch.tensor([s.scalar_reward() for s in samples], dtype=torch.float32)
+        rewards = torch.tensor([s.scalar_reward() for s in samples], dtype=torch.float32, device=self.device)
         rewards, algo = estimator_rewards(samples, rewards, algo)  # a slime post-process's rewards, if any
         inputs = AdvantageInputs(rewards, batch.mask, self.n_samples_per_prompt,
                                  log_probs=None if batch.p0_in_loss else batch.old_log_probs,
                                  ref_log_probs=batch.ref_log_probs, values=batch.values,
-                                 train_metadata=collate_train_metadata(samples, batch.width))
+                                 train_metadata={k: v.to(self.device) for k, v in
+                                                 collate_train_metadata(samples, batch.width).items()})
         est = estimator_of(algo)
         advantages, batch.returns = est(inputs, algo)
         batch.rewards = slime_rewards(rewards, self.n_samples_per_prompt, algo, est.group_relative)
@@ -360,7 +367,7 @@ class Trainer:
             metrics["train/explained_variance"] = explained_variance(batch.values, batch.returns, mask)
         metrics["perf/train_time"] = seconds
         metrics["perf/train_tokens_per_s"] = sum(batch.samples[i].total_length for i in batch.kept) / seconds
-        metrics["perf/peak_memory_gb"] = peak_memory_gb()
+        metrics["perf/peak_memory_gb"] = peak_memory_gb(self.device)
         if self.routing_replay:
             metrics |= routing_replay.rollout_metrics(self.routing_replay[0], batch.samples)
         return metrics
@@ -447,7 +454,7 @@ class Trainer:
     def _forward_all(self, forward, samples: list[Sample], kept: set[int], width: int) -> torch.Tensor:
         """``forward(micro-batch samples) -> [b, width]`` run over the kept samples, micro-batched
         (rows of the others stay 0)."""
-        out = torch.zeros(len(samples), width)
+        out = torch.zeros(len(samples), width, device=self.device)
         for mb in self._micro_batches(samples, sorted(kept)):
             out[mb] = forward([samples[i] for i in mb]).float()
         return self.dp.all_reduce_sum_(out)

@@ -1,0 +1,71 @@
+"""Local ``--colocate``: the trainer and the embedded engine time-share one device (issue 16 item 4).
+
+slime's colocated mode on one GPU (seed 000 "训推一体化"): while the engine samples, the trainer
+holds only what it cannot drop; while the trainer steps, the engine holds nothing.
+
+    rollout phase   engine awake (weights + KV cache); trainer: weights and float32 masters,
+                    no gradients; optimizer state on the host with --offload-train
+    train phase     engine asleep (weights freed; its KV cache is already gone, every row having
+                    finished); optimizer state back on the device
+
+``Colocated`` wraps the trainer with the loop's trainer methods, so the driver is unchanged
+(STYLE point 4: a strategy, not a second loop): ``train`` puts the engine to sleep first;
+``weights`` (called by the loop right before the engine loads them) frees the gradients, offloads
+the optimizer state, wakes the engine and returns the trainer's tensors, which the engine copies
+device to device (``EmbeddedEngine.update_weights``: no host round trip). Each phase's peak
+memory is logged: ``perf/rollout_peak_memory_gb`` (weight load and sampling) and the trainer's
+``perf/peak_memory_gb`` (its step). On CPU the same sequence runs (tests) and peaks are the
+process's resident set; offloading to the host is then a no-op.
+
+The engine sleeps between ``train`` and ``weights``, so every trained rollout must be followed by
+a weight push: config validation refuses ``--update-weights-interval`` > 1 with ``--colocate``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlvr.device import empty_cache
+from rlvr.train.memory import peak_memory_gb, reset_peak_memory
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device | str) -> None:
+    """Every tensor of ``optimizer``'s state (AdamW's moments and step) to ``device``, in place."""
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                state[key] = value.to(device, non_blocking=True)
+
+
+class Colocated:
+    """The loop's trainer in local ``--colocate`` mode: the trainer's methods, plus the hand-offs
+    of the one device between trainer and ``engine`` (an ``EmbeddedEngine``)."""
+
+    def __init__(self, trainer, engine, offload_optimizer: bool = False):
+        self.trainer, self.engine, self.offload_optimizer = trainer, engine, offload_optimizer
+        self.device = trainer.device
+        reset_peak_memory(self.device)  # the first rollout phase starts now
+
+    def __getattr__(self, name: str):  # step, guard, model, save, load, ...: the trainer's own
+        return getattr(self.trainer, name)
+
+    def train(self, rollout_id: int, samples) -> dict[str, float]:
+        rollout_peak = peak_memory_gb(self.device)  # the rollout phase that produced ``samples``
+        self.engine.sleep()
+        empty_cache(self.device)
+        if self.offload_optimizer:
+            move_optimizer_state(self.trainer.optimizer, self.device)
+        metrics = self.trainer.train(rollout_id, samples)  # measures its own peak (perf/peak_memory_gb)
+        return metrics | {"perf/rollout_peak_memory_gb": rollout_peak}
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The policy's tensors for the engine, once the trainer has made room for it."""
+        self.trainer.model.zero_grad(set_to_none=True)
+        for m in self.trainer.master:  # --bf16: the float32 masters' gradients too
+            m.grad = None
+        if self.offload_optimizer:
+            move_optimizer_state(self.trainer.optimizer, "cpu")
+        empty_cache(self.device)
+        reset_peak_memory(self.device)  # the rollout phase (weight load, sampling) starts
+        self.engine.wake()
+        return self.trainer.weights()
