@@ -48,7 +48,10 @@ class EngineActor:
 
         tokenizer = load_tokenizer(cfg.train.hf_checkpoint)
         # Engine i samples from its own stream (seed + i); one engine samples as local mode's does.
-        self.engine = EmbeddedEngine(cfg.train.hf_checkpoint, pad_token_id=tokenizer.pad_token_id,
+        from rlvr.train import lora
+
+        model = lora.engine_model(cfg.train) if lora.enabled(cfg.train) else cfg.train.hf_checkpoint
+        self.engine = EmbeddedEngine(model, pad_token_id=tokenizer.pad_token_id,
                                      seed=cfg.train.seed + index, tokenizer=tokenizer,
                                      max_batch_size=cfg.engine.rollout_max_running_requests)
 

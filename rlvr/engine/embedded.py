@@ -95,7 +95,11 @@ class EmbeddedEngine:
             self.model = copy.deepcopy(model)
         else:
             self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
-        self.model.to(device).eval().requires_grad_(False)
+        self.model.to(device).eval()
+        # What a weight update must bring: every parameter, or only the adapters of a LoRA-wrapped
+        # model (rlvr.train.lora: its frozen base never changes, so it is neither sent nor freed).
+        self._synced = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        self.model.requires_grad_(False)
         self.device, self.pad_token_id, self.max_batch_size = device, pad_token_id, max_batch_size
         self.tokenizer = tokenizer  # needed only for stop strings
         self.generator = torch.Generator(device=device).manual_seed(seed)
@@ -163,7 +167,7 @@ class EmbeddedEngine:
                     raise KeyError(f"update_weights: engine model has no parameter {name!r}")
                 params[name].copy_(tensor)
                 seen.add(name)
-            missing = {n for n, _ in self.model.named_parameters()} - seen
+            missing = self._synced - seen
             if missing:
                 raise KeyError(f"update_weights: no tensor sent for {sorted(missing)[:5]} ...")
             self._version = version
@@ -204,6 +208,8 @@ class EmbeddedEngine:
                 raise RuntimeError("sleep: requests are in flight; abort() or wait for them first")
             shapes = {}
             for name, p in self.model.named_parameters():
+                if name not in self._synced:
+                    continue
                 shapes[name] = p.shape
                 p.data = torch.empty(0, dtype=p.dtype, device=self.device)
             self._asleep, self._batch = shapes, None
@@ -213,6 +219,8 @@ class EmbeddedEngine:
             if self._asleep is None:
                 return
             for name, p in self.model.named_parameters():
+                if name not in self._asleep:
+                    continue
                 p.data = torch.empty(self._asleep[name], dtype=p.dtype, device=self.device)
             self._asleep, self._needs_weights = None, True
             self._cv.notify_all()
