@@ -3,9 +3,11 @@
 Starts a local Ray cluster with 2 DDP training ranks and 2 embedded engines (disaggregated),
 then times ``rollout.update_weights(trainer.weights(), version)`` -- exactly what the loop times
 as ``perf/update_weights_time`` -- with and without ``--check-weight-update-equal`` (which also
-checksums both ends and compares). Prints the median of ``--repeats`` syncs.
+checksums both ends and compares). Prints the median of ``--repeats`` syncs and the bytes one
+sync moves. ``--lora-rank R`` trains LoRA adapters (issue 18): only they are synced; run it with
+and without to compare.
 
-    .venv/bin/python benchmarks/weight_sync.py [--model 20m] [--engines 2] [--repeats 5]
+    .venv/bin/python benchmarks/weight_sync.py [--model 20m] [--engines 2] [--repeats 5] [--lora-rank 16]
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--backend", default="ddp", choices=["ddp", "fsdp"])
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--lora-rank", type=int, default=0)
     a = ap.parse_args()
 
     from rlvr.config import parse_config
@@ -36,7 +39,8 @@ def main() -> None:
     prompts = write_jsonl(make_splits(n_test=10)[0][:50], f"{root}/train.jsonl")
     cfg = parse_config(["--hf-checkpoint", str(ckpt), "--prompt-data", str(prompts), "--rollout-batch-size", "2",
                         "--n-samples-per-prompt", "2", "--ray", "--actor-num-cpu-workers-per-node", str(a.ranks),
-                        "--rollout-num-engines", str(a.engines), "--train-backend", a.backend])
+                        "--rollout-num-engines", str(a.engines), "--train-backend", a.backend,
+                        "--lora-rank", str(a.lora_rank)])
     t0 = time.perf_counter()
     rollout, trainer, close = start_on_ray(cfg)
     print(f"ray up: {a.ranks} {a.backend} ranks + {a.engines} engines in {time.perf_counter() - t0:.1f} s")
@@ -45,6 +49,12 @@ def main() -> None:
 
         n_params = sum(p.numel() for p in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(ckpt)).parameters())
         print(f"model {a.model}: {n_params / 1e6:.1f}M parameters, {n_params * 4 / 2**20:.0f} MiB float32")
+        import ray
+
+        sent = ray.get(trainer.weights().weights)
+        n_bytes = sum(v.nbytes for v in sent.values())
+        print(f"one sync moves {len(sent)} tensors, {n_bytes / 2**20:.2f} MiB "
+              f"({'LoRA rank %d adapters' % a.lora_rank if a.lora_rank else 'every weight'})")
         version = 0
         for check in (False, True):
             trainer.cfg.cluster.check_weight_update_equal = check

@@ -142,6 +142,14 @@ def test_merged_weights_are_a_plain_checkpoint_with_the_adapter_folded_in(tiny_q
     plain.load_state_dict(merged, strict=False)
     ids = torch.tensor([[5, 17, 33, 2, 9, 41]])
     assert torch.allclose(plain(ids).logits, tr.model(ids).logits, atol=1e-5)
+    # what `rlvr serve` does with /update_weights_from_disk: a plain engine takes the merged tensors
+    eng = EmbeddedEngine(str(tiny_qwen2), pad_token_id=0, seed=1)
+    eng.update_weights(merged, 1)
+    res = eng.generate_sync([GenerateRequest([5, 17, 33], SamplingParams(temperature=0.9, max_new_tokens=6))])[0]
+    sample = Sample("", [5, 17, 33], response_ids=res.token_ids, loss_mask=[1] * len(res.token_ids))
+    with torch.no_grad():
+        lp, _ = tr._log_probs(tr.policy, [sample], len(res.token_ids), False)
+    assert float((lp[0] - torch.tensor(res.log_probs)).abs().mean()) <= 1e-5
 
 
 def test_bad_target_module_names_the_linear_layers_and_rank_too_large_is_refused(tiny_qwen2):
@@ -187,3 +195,57 @@ def test_save_load_is_exact_and_the_adapter_exports(tiny_qwen2, tmp_path):
     assert start.ref_model is start.model
     with torch.no_grad():
         assert torch.allclose(start.model(ids).logits, want, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_sigkill_during_a_lora_run_then_resume_matches_uninterrupted_run(tiny_qwen2, arith_files, tmp_path):
+    """tests/test_resume.py's pattern with --lora-rank: the adapter and its AdamW state come back
+    exactly, so the two rollouts after the kill log what the uninterrupted run logged."""
+    import signal
+
+    from rlvr.checkpoint import read_latest
+    from tests.test_resume import args, rlvr, values
+
+    def run(out, kill_at=None):
+        a = args(tiny_qwen2, arith_files[0], arith_files[1], tmp_path / out)
+        a = a[:a.index("--eval-prompt-data")] + a[a.index("--save-interval"):]  # no eval: faster, same test
+        return rlvr(*a, "--lora-rank", "8", "--lora-alpha", "16", kill_at=kill_at)
+
+    full = run("full")
+    assert full.returncode == 0, full.stderr[-3000:]
+    assert "no reference copy" in full.stderr
+    killed = run("resumed", kill_at="rollout:4")
+    assert killed.returncode == -signal.SIGKILL and read_latest(tmp_path / "resumed" / "ckpt") == 4
+    resumed = run("resumed")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stderr
+    a, b = values(tmp_path / "full"), values(tmp_path / "resumed")
+    assert a.keys() == b.keys()
+    after = [("rollout/step", 4), ("rollout/step", 5), ("train/step", 10), ("train/step", 12)]
+    assert a[("train/step", 12)]["train/kl_loss"] != 0  # the adapter moved the policy off the base
+    assert a[("train/step", 10)]["train/pg_loss"] != a[("train/step", 12)]["train/pg_loss"]
+    worst, compared = 0.0, 0
+    for k in after:
+        assert a[k].keys() == b[k].keys(), k
+        for name, x in a[k].items():
+            assert x == pytest.approx(b[k][name], abs=1e-6), (k, name, x, b[k][name])
+            if isinstance(x, float):
+                worst, compared = max(worst, abs(x - b[k][name])), compared + 1
+    print(f"LoRA resume: {compared} values of the next two rollouts, max |uninterrupted - resumed| = {worst:g}")
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "gspo", "cispo", "rloo", "reinforce_plus_plus",
+                                       "reinforce_plus_plus_baseline", "ppo"])
+def test_every_estimator_trains_the_adapters_only(tiny_qwen2, estimator):
+    """One rollout of two optimizer steps (the second off-policy), dynamic micro-batches; PPO's
+    critic is its own full model, the policy's base stays frozen."""
+    algo = AlgoConfig(advantage_estimator=estimator, use_kl_loss=True, kl_loss_coef=0.01, kl_coef=0.0)
+    cfg = TrainConfig(hf_checkpoint=str(tiny_qwen2), lr=1e-2, lora_rank=4, use_dynamic_batch_size=True,
+                      max_tokens_per_gpu=40)
+    tr = Trainer(cfg, algo, temperature=1.0, global_batch_size=4, n_samples_per_prompt=4)
+    base = {n: p.clone() for n, p in tr.model.named_parameters() if not p.requires_grad}
+    adapters = {n: t.clone() for n, t in lora.adapter_weights(tr.model).items()}
+    m = tr.train(0, random_samples(8, 3, lambda i, rng: float(rng.random() > 0.5)))
+    assert tr.step == 2 and m["train/skipped_steps"] == 0
+    assert all(torch.equal(p, base[n]) for n, p in tr.model.named_parameters() if not p.requires_grad)
+    assert any(not torch.equal(t, adapters[n]) for n, t in lora.adapter_weights(tr.model).items())
