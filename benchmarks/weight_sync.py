@@ -8,6 +8,9 @@ sync moves. ``--lora-rank R`` trains LoRA adapters (issue 18): only they are syn
 and without to compare.
 
     .venv/bin/python benchmarks/weight_sync.py [--model 20m] [--engines 2] [--repeats 5] [--lora-rank 16]
+
+``--local``: no Ray; local mode's path (``trainer.weights()`` into an embedded engine in the same
+process), full weights against LoRA adapters of ``--lora-rank`` (default 16) side by side.
 """
 
 from __future__ import annotations
@@ -20,8 +23,39 @@ import time
 from benchmarks.common import model_dir
 
 
+def local(model: str, rank: int, repeats: int) -> None:
+    """Local mode: full-weight sync vs LoRA-adapter sync into the embedded engine, bytes and time."""
+    from benchmarks.common import set_threads
+
+    set_threads(1)
+    from rlvr.algo import AlgoConfig
+    from rlvr.config import TrainConfig
+    from rlvr.engine.embedded import EmbeddedEngine
+    from rlvr.train.trainer import Trainer
+
+    ckpt = model_dir(model, tempfile.mkdtemp(prefix="rlvr-weight-sync-"))
+    rows = {}
+    for r in (0, rank):
+        trainer = Trainer(TrainConfig(hf_checkpoint=str(ckpt), lr=1e-5, lora_rank=r), AlgoConfig())
+        engine = EmbeddedEngine(trainer.model, pad_token_id=0)
+        times = []
+        for version in range(1, repeats + 1):
+            t = time.perf_counter()
+            sent = trainer.weights()
+            engine.update_weights(sent, version)
+            times.append(time.perf_counter() - t)
+        n_bytes = sum(v.numel() * v.element_size() for v in sent.values())
+        rows[r] = (n_bytes, statistics.median(times))
+        what = f"LoRA rank {r} adapters" if r else "full weights"
+        print(f"{model} {what}: {len(sent)} tensors, {n_bytes / 2**20:.2f} MiB per sync, "
+              f"median {statistics.median(times) * 1e3:.1f} ms over {repeats}")
+    (fb, ft), (lb, lt) = rows[0], rows[rank]
+    print(f"LoRA rank {rank} sync: {fb / lb:.0f}x fewer bytes, {ft / lt:.1f}x faster")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--local", action="store_true", help="no Ray: full vs LoRA sync into an embedded engine")
     ap.add_argument("--model", default="20m")
     ap.add_argument("--engines", type=int, default=2)
     ap.add_argument("--ranks", type=int, default=2)
@@ -29,6 +63,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--lora-rank", type=int, default=0)
     a = ap.parse_args()
+    if a.local:
+        return local(a.model, a.lora_rank or 16, a.repeats)
 
     from rlvr.config import parse_config
     from rlvr.data.arith import make_splits, write_jsonl
