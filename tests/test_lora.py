@@ -225,7 +225,7 @@ def test_sigkill_during_a_lora_run_then_resume_matches_uninterrupted_run(tiny_qw
     assert a.keys() == b.keys()
     after = [("rollout/step", 4), ("rollout/step", 5), ("train/step", 10), ("train/step", 12)]
     assert a[("train/step", 12)]["train/kl_loss"] != 0  # the adapter moved the policy off the base
-    assert a[("train/step", 10)]["train/pg_loss"] != a[("train/step", 12)]["train/pg_loss"]
+    assert a[("train/step", 10)]["train/entropy_loss"] != a[("train/step", 12)]["train/entropy_loss"]
     worst, compared = 0.0, 0
     for k in after:
         assert a[k].keys() == b[k].keys(), k
@@ -251,3 +251,17 @@ def test_every_estimator_trains_the_adapters_only(tiny_qwen2, estimator):
     assert tr.step == 2 and m["train/skipped_steps"] == 0
     assert all(torch.equal(p, base[n]) for n, p in tr.model.named_parameters() if not p.requires_grad)
     assert any(not torch.equal(t, adapters[n]) for n, t in lora.adapter_weights(tr.model).items())
+
+
+def test_lora_dropout_acts_in_the_training_forward_only(tiny_qwen2):
+    """p0 and the reference come from dropout-free forwards; the training forward drops LoRA inputs."""
+    samples = random_samples(8, 4, lambda i, rng: float(i % 2))
+    algo = AlgoConfig(use_kl_loss=False)
+    with_dropout = Trainer(TrainConfig(hf_checkpoint=str(tiny_qwen2), lr=1e-3, lora_rank=4, lora_dropout=0.5), algo,
+                           n_samples_per_prompt=4)
+    without = Trainer(TrainConfig(hf_checkpoint=str(tiny_qwen2), lr=1e-3, lora_rank=4), algo, n_samples_per_prompt=4)
+    for tr in (with_dropout, without):
+        perturb_adapters(tr.model)
+    assert with_dropout.train(0, samples)["train/ppo_kl"] != 0  # p_theta (dropout) != p0 (none) on-policy
+    assert without.train(0, samples)["train/ppo_kl"] == 0
+    assert all(not m.training for m in with_dropout.model.modules())  # back in eval mode after the step

@@ -86,14 +86,15 @@ def add_adapter(model: torch.nn.Module, train):
     from peft import LoraConfig, PeftModel, get_peft_model
 
     if train.lora_adapter_path is not None:
-        return PeftModel.from_pretrained(model, train.lora_adapter_path, adapter_name=ADAPTER, is_trainable=True)
+        peft_model = PeftModel.from_pretrained(model, train.lora_adapter_path, adapter_name=ADAPTER, is_trainable=True)
+        return peft_model.eval()  # new modules start in training mode; dropout only where asked
     targets = list(train.target_modules)
     check_targets(model, targets, train.lora_rank)
     config = LoraConfig(r=train.lora_rank, lora_alpha=train.lora_alpha or 2 * train.lora_rank,
                         lora_dropout=train.lora_dropout,
                         target_modules="all-linear" if targets == ["all-linear"] else targets,
                         task_type="CAUSAL_LM")
-    return get_peft_model(model, config, adapter_name=ADAPTER)
+    return get_peft_model(model, config, adapter_name=ADAPTER).eval()
 
 
 def base_bytes(model: torch.nn.Module) -> int:
