@@ -80,7 +80,15 @@ def make_trainer(cfg: Config, parallel=None) -> Trainer:
     return Trainer(cfg.train, cfg.algo, temperature=cfg.rollout.rollout_temperature,
                    global_batch_size=cfg.global_batch_size, n_samples_per_prompt=cfg.rollout.n_samples_per_prompt,
                    total_steps=cfg.run.num_rollout * cfg.steps_per_rollout, parallel=parallel,
-                   lora_sync_merged=bool(cfg.engine.rollout_external_engine_addrs or cfg.engine.uses_engine_processes))
+                   lora_sync_merged=lora_engines_merge(cfg))
+
+
+def lora_engines_merge(cfg: Config) -> bool:
+    """Whether the engines take merged weights rather than LoRA adapters: external servers and
+    local mode's `rlvr serve` processes hold plain models; embedded engines (local or Ray actors)
+    hold the LoRA-wrapped one."""
+    e = cfg.engine
+    return not cfg.cluster.ray and bool(e.rollout_external_engine_addrs or e.uses_engine_processes)
 
 
 def make_rollout(cfg: Config, engine, tokenizer, records) -> Rollout:
