@@ -13,7 +13,7 @@ exactly. Reported: resident memory before the step, the step's peak (VmHWM), and
 process holds: weights, the reference model, optimizer state.
 
     python benchmarks/train_memory.py
-    python benchmarks/train_memory.py --lora-rank 16
+    python benchmarks/train_memory.py --lora-rank 16 [--recompute-activations]
 
 Ends with one JSON line per mode.
 """
@@ -89,6 +89,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--lora-rank", type=int, default=0, help="compare full fine-tuning with LoRA of this rank "
                                                             "(~100M model, GRPO + KL reference)")
+    p.add_argument("--recompute-activations", action="store_true",
+                   help="with --lora-rank: both sides recompute activations (what is left is weights and state)")
     p.add_argument("--max-tokens-per-gpu", type=int, default=None, help="tokens of the one micro-batch "
                                                                         "(default 4096; 1024 with --lora-rank)")
     a = p.parse_args()
@@ -97,7 +99,8 @@ def main() -> None:
     name = "100m" if a.lora_rank else "20m"
     tokens = a.max_tokens_per_gpu or (1024 if a.lora_rank else 4096)
     model = model_dir(name, Path(tempfile.mkdtemp(prefix="rlvr-mem-")))
-    modes = [(False, 0), (False, a.lora_rank)] if a.lora_rank else [(False, 0), (True, 0)]
+    rec = a.recompute_activations
+    modes = [(rec, 0), (rec, a.lora_rank)] if a.lora_rank else [(False, 0), (True, 0)]
     rows = []
     for recompute, rank in modes:
         r = run_mode(model, recompute, rank, kl=bool(a.lora_rank), tokens=tokens)
