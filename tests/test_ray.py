@@ -148,7 +148,7 @@ def test_lora_ddp_colocated_adapter_sync_resume_and_exact_gradients(ray_cluster,
     assert main(["train", *argv, "--num-rollout", "3", "--load", str(out / "checkpoints")]) == 0
     assert [r["rollout/step"] for r in records(out, "rollout/step")] == [0, 1, 2]
     batch = RolloutBatch.load(dump.format(rollout_id=0))
-    assert gradient_error(argv, batch.samples) < 1e-5
+    assert gradient_error([a for a in argv if a != "--colocate"], batch.samples) < 1e-5  # the helper places no engines
 
 
 @pytest.mark.slow
