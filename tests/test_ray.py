@@ -87,7 +87,9 @@ def gradient_error(argv: list[str], samples) -> float:
     local.train(0, samples)
     grads = {n: p.grad for n, p in local.model.named_parameters() if p.grad is not None}  # LoRA: adapters only
     assert set(ray_grads) == set(grads)
-    error = max(float((ray_grads[n] - g).norm() / g.norm()) for n, g in grads.items())
+    # a zero gradient (LoRA's A at the first step, while B = 0) must be zero there too
+    error = max(float((ray_grads[n] - g).norm() / g.norm()) if g.norm() > 0 else float(ray_grads[n].norm())
+                for n, g in grads.items())
     print(f"{cfg.cluster.train_backend}: first-step gradient, 2 ranks vs 1 process: max relative error {error:.2e}")
     return error
 
