@@ -14,6 +14,8 @@ from rlvr.types import Sample
 MODELS = {
     "tiny": dict(hidden_size=256, intermediate_size=768, num_layers=4, num_heads=4, num_kv_heads=2),
     "20m": dict(hidden_size=512, intermediate_size=1536, num_layers=6, num_heads=8, num_kv_heads=4),
+    # ~104M parameters (LoRA's memory benchmark: benchmarks/train_memory.py --lora-rank 16)
+    "100m": dict(hidden_size=768, intermediate_size=3072, num_layers=12, num_heads=12, num_kv_heads=4),
 }
 
 

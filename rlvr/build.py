@@ -95,7 +95,16 @@ def make_trainer(cfg: Config, parallel=None, device=None) -> Trainer:
                    global_batch_size=cfg.global_batch_size, n_samples_per_prompt=cfg.rollout.n_samples_per_prompt,
                    total_steps=cfg.run.num_rollout * cfg.steps_per_rollout, parallel=parallel,
                    teacher=teacher_of(cfg.algo, cfg.reward, cfg.train),
-                   device=device if device is not None else resolve(cfg.cluster.device))
+                   device=device if device is not None else resolve(cfg.cluster.device),
+                   lora_sync_merged=lora_engines_merge(cfg))
+
+
+def lora_engines_merge(cfg: Config) -> bool:
+    """Whether the engines take merged weights rather than LoRA adapters: external servers and
+    local mode's `rlvr serve` processes hold plain models; embedded engines (local or Ray actors)
+    hold the LoRA-wrapped one."""
+    e = cfg.engine
+    return not cfg.cluster.ray and bool(e.rollout_external_engine_addrs or e.uses_engine_processes)
 
 
 def make_rollout(cfg: Config, engine, tokenizer, records) -> Rollout:
@@ -178,14 +187,26 @@ def check_fits_micro_batch(cfg: Config, records: PromptDataset) -> None:
 
 
 def save_hf(model, tokenizer, directory: str | Path) -> None:
-    model.save_pretrained(directory)
+    """A plain HF checkpoint of ``model`` (a LoRA-wrapped policy is written merged)."""
+    from rlvr.train import lora
+
+    merged = lora.merged_weights(model) if lora.has_adapter(model) else None
+    model.save_pretrained(directory, state_dict=merged)
     tokenizer.save_pretrained(directory)
 
 
-def export_hf(checkpoint: str | Path, out_dir: str | Path) -> Path:
+def export_hf(checkpoint: str | Path, out_dir: str | Path, adapter_only: bool = False) -> Path:
     """A plain HF checkpoint (weights, config, tokenizer; no optimizer or run state) from a
-    training checkpoint, loadable with ``AutoModelForCausalLM.from_pretrained``."""
+    training checkpoint, loadable with ``AutoModelForCausalLM.from_pretrained``. A LoRA run's
+    checkpoint is merged into its base, or (``adapter_only``) its adapter is written alone."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlvr.train import lora
+
+    if lora.is_adapter_checkpoint(checkpoint):
+        return lora.export_lora(Path(checkpoint), Path(out_dir), adapter_only)
+    if adapter_only:
+        raise ConfigError("--adapter-only", f"{checkpoint} is a full fine-tuning checkpoint; it has no adapter")
 
     save_hf(AutoModelForCausalLM.from_pretrained(checkpoint), AutoTokenizer.from_pretrained(checkpoint), out_dir)
     return Path(out_dir)

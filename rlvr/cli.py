@@ -78,13 +78,15 @@ def _export(argv: list[str]) -> None:
                                 "(model + tokenizer, no optimizer) from a training checkpoint")
     p.add_argument("checkpoint", help="a rollout_* checkpoint, or a --save directory (its newest checkpoint)")
     p.add_argument("out_dir")
+    p.add_argument("--adapter-only", action="store_true",
+                   help="LoRA runs: write the adapter alone (PEFT's files) instead of the merged model")
     a = p.parse_args(argv)
     src = Path(a.checkpoint)
-    if not (src / "config.json").is_file():
+    if not ((src / "config.json").is_file() or (src / "adapter_config.json").is_file()):
         src = find_checkpoint(src) if src.is_dir() else None
         if src is None:
             raise ConfigError("checkpoint", f"{a.checkpoint} is neither a checkpoint nor a --save directory with one")
-    print(export_hf(src, a.out_dir))
+    print(export_hf(src, a.out_dir, adapter_only=a.adapter_only))
 
 
 def _demo(argv: list[str]) -> None:

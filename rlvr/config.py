@@ -186,6 +186,11 @@ class TrainConfig:
     optimizer: str = _f("adam", "slime's optimizer name; Megatron's adam is AdamW (decoupled weight decay), "
                                 "which is what rlvr runs", ["adam"])
     max_consecutive_skipped_steps: int = _f(3, "stop after this many optimizer steps in a row skipped for a non-finite loss/grad norm", ge=1)
+    lora_rank: int = _f(0, "LoRA rank: train low-rank adapters on --target-modules instead of every weight; 0 = off", ge=0)
+    lora_alpha: float | None = _f(None, "LoRA scale numerator (scale = alpha / rank); default 2 x --lora-rank", gt=0)
+    lora_dropout: float = _f(0.0, "dropout on the LoRA input in the training forwards", ge=0, lt=1)
+    target_modules: list[str] = _f(["all-linear"], "linear layers LoRA adapts: all-linear, or names (q_proj v_proj ...)")
+    lora_adapter_path: str | None = _f(None, "start from this PEFT adapter directory (its rank, alpha and targets)")
 
     def validate(self) -> None:
         check_bounds(self)  # the ranges and choices declared on the fields
@@ -209,6 +214,12 @@ class TrainConfig:
                               "routing replay has nothing to replay; drop the flag")
         if self.log_probs_chunk_size == 0 or self.log_probs_chunk_size < -1:
             raise ConfigError("--log-probs-chunk-size", f"must be >= 1 or -1 (one chunk), got {self.log_probs_chunk_size}")
+        if self.lora_adapter_path is not None and not (Path(self.lora_adapter_path) / "adapter_config.json").is_file():
+            raise ConfigError("--lora-adapter-path", f"{self.lora_adapter_path} has no adapter_config.json; "
+                                                     "point it at a PEFT adapter directory")
+        if (self.lora_rank or self.lora_adapter_path) and self.ref_update_interval is not None:
+            raise ConfigError("--ref-update-interval", "with LoRA the reference is the base model (adapter "
+                                                       "disabled); moving it is not supported: drop one")
 
 
 @dataclass
@@ -491,6 +502,8 @@ class Config:
              "not built for FSDP2's sharded optimizer state yet; use ddp or drop it"),
             ("--ref-update-interval", self.train.ref_update_interval is not None and c.train_backend == "fsdp",
              "not supported with --train-backend fsdp yet; use ddp"),
+            ("--lora-rank", bool(self.train.lora_rank or self.train.lora_adapter_path) and c.train_backend == "fsdp",
+             "LoRA is built for --train-backend ddp only (FSDP2 sharding of PEFT's layers is not wired); use ddp"),
             ("--async", self.asynchronous.async_train and c.colocate,
              "sampling and training overlap, so they cannot time-share bundles; drop --colocate"),
             ("--check-weight-update-equal", self.asynchronous.async_train and c.check_weight_update_equal,

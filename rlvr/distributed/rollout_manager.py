@@ -49,8 +49,10 @@ class EngineActor:
         tokenizer = load_tokenizer(cfg.train.hf_checkpoint)
         self.device = for_actor(cfg.cluster.gpus_per_engine > 0)  # its bundle's GPU (shared when colocated)
         # Engine i samples from its own stream (seed + i); one engine samples as local mode's does.
-        self.engine = embedded_engine(cfg, cfg.train.hf_checkpoint, tokenizer, device=self.device,
-                                      seed=cfg.train.seed + index)
+        from rlvr.train import lora
+
+        model = lora.engine_model(cfg.train) if lora.enabled(cfg.train) else cfg.train.hf_checkpoint
+        self.engine = embedded_engine(cfg, model, tokenizer, device=self.device, seed=cfg.train.seed + index)
 
     def placement(self) -> dict:
         """Where Ray put this engine (tests): GPU ids, CUDA_VISIBLE_DEVICES, device."""

@@ -121,7 +121,11 @@ class EmbeddedEngine:
         device = torch.device(device) if device is not None else next(self.model.parameters()).device
         # dtype: the engine's precision when it differs from the model's (e.g. bfloat16 sampling
         # for a float32 trainer, the train-inference mismatch R3 and TIS correct).
-        self.model.to(device, dtype=dtype).eval().requires_grad_(False)
+        self.model.to(device, dtype=dtype).eval()
+        # What a weight update must bring: every parameter, or only the adapters of a LoRA-wrapped
+        # model (rlvr.train.lora: its frozen base never changes, so it is neither sent nor freed).
+        self._synced = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        self.model.requires_grad_(False)
         # R3 (--enable-return-routed-experts): every result carries the experts each MoE layer's
         # router chose for every position it ran (prompt and sampled tokens): rlvr.models.moe.
         self.routing = RoutingRecorder(self.model) if return_routed_experts else None
@@ -232,7 +236,7 @@ class EmbeddedEngine:
                     raise KeyError(f"update_weights: engine model has no parameter {name!r}")
                 params[name].copy_(tensor)
                 seen.add(name)
-            missing = {n for n, _ in self.model.named_parameters()} - seen
+            missing = self._synced - seen
             if missing:
                 raise KeyError(f"update_weights: no tensor sent for {sorted(missing)[:5]} ...")
             self._version = version
@@ -284,6 +288,8 @@ class EmbeddedEngine:
                 raise RuntimeError("sleep: requests are in flight; abort() or wait for them first")
             shapes = {}
             for name, p in self.model.named_parameters():
+                if name not in self._synced:
+                    continue
                 shapes[name] = p.shape
                 p.data = torch.empty(0, dtype=p.dtype, device=self.device)
             self._asleep, self._batch = shapes, None
@@ -293,6 +299,8 @@ class EmbeddedEngine:
             if self._asleep is None:
                 return
             for name, p in self.model.named_parameters():
+                if name not in self._asleep:
+                    continue
                 p.data = torch.empty(self._asleep[name], dtype=p.dtype, device=self.device)
             self._asleep, self._needs_weights = None, True
             self._cv.notify_all()

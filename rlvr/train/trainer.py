@@ -40,6 +40,7 @@ before the update.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import shutil
@@ -71,7 +72,7 @@ from rlvr.config import TrainConfig
 from rlvr.observe.rollout_data import rollout_data_metrics, slime_rewards
 from rlvr.slime_plugins import estimator_rewards
 from rlvr.testing import hook_loss, trainer_seam
-from rlvr.train import routing_replay
+from rlvr.train import lora, routing_replay
 from rlvr.train.batching import first_fit_decreasing, fixed_size, micro_batches, pad_right
 from rlvr.train.critic import CriticTrainer
 from rlvr.train.guard import BadStepGuard
@@ -162,6 +163,7 @@ class Trainer:
         layout: Layout = Layout(),
         teacher=None,
         device: torch.device | str = "cpu",
+        lora_sync_merged: bool = False,
     ):
         self.cfg, self.algo = train, algo
         self.total_steps = total_steps  # optimizer steps in the run, for the LR schedule
@@ -174,10 +176,19 @@ class Trainer:
         # ``device``; --bf16's float32 masters too (rlvr.device; issue 16).
         self.device = torch.device(device)
         self.model = load_policy(train.hf_checkpoint, train.bf16, self.device)
-        # The reference model exists only when a KL term reads it; frozen, never trained.
+        # LoRA (rlvr.train.lora): PEFT's layers in self.model, only the adapters trainable; the
+        # engines receive the adapters (merged weights for external engines).
+        self.peft = lora.add_adapter(self.model, train) if lora.enabled(train) else None
+        self.lora_sync_merged = lora_sync_merged
+        # The reference model exists only when a KL term reads it; frozen, never trained. With
+        # LoRA it is the policy itself with the adapter disabled (``_reference``): no copy.
         needs_ref = algo.use_kl_loss or algo.kl_coef != 0
         self.ref_model = None
-        if needs_ref:
+        if needs_ref and self.peft is not None and not train.ref_load:
+            self.ref_model = self.model
+            log.info("LoRA: the KL reference is the base model with the adapter disabled; no reference copy "
+                     "(%.1f MB saved)", lora.base_bytes(self.model) / 2**20)
+        elif needs_ref:
             ref = load_policy(train.ref_load, train.bf16, self.device) if train.ref_load else copy.deepcopy(self.model)
             self.ref_model = ref.requires_grad_(False)
         # R3: policy and reference forwards use the engine's experts (routing_replay.py)
@@ -213,6 +224,8 @@ class Trainer:
     def weights(self) -> dict[str, torch.Tensor]:
         """The policy's parameters by HF name (data-parallel: whole tensors; FSDP2 gathers them on
         rank 0, every rank must call)."""
+        if self.peft is not None:  # LoRA: the adapters only, or merged for engines without LoRA layers
+            return lora.merged_weights(self.model) if self.lora_sync_merged else lora.adapter_weights(self.model)
         return self.dp.full_weights(self.policy, self.model)
 
     def train(self, rollout_id: int, samples: list[Sample]) -> dict[str, float]:
@@ -266,7 +279,8 @@ class Trainer:
         # On-policy (one optimizer step, nothing reads p0 before the loss): p0 is the training
         # forward's own log-probs, detached -- the numbers a separate forward would give, one forward fewer.
         p0_in_loss = (trainer_seam().p0_from_train_forward and (self.global_batch_size or n) >= n
-                      and self.algo.kl_coef == 0 and not self.cfg.use_rollout_logprobs and self.teacher is None)
+                      and self.algo.kl_coef == 0 and not self.cfg.use_rollout_logprobs and self.teacher is None
+                      and not self.cfg.lora_dropout)
         forward_all = partial(self._forward_all, samples=samples, kept=kept, width=width)
         with torch.no_grad():
             if self.cfg.use_rollout_logprobs:
@@ -281,10 +295,11 @@ class Trainer:
             if self.ref_model is not None:
                 self.ref_forwards += 1
                 ref = partial(response_log_probs, self.ref_model)
-                if self.exact_kl:  # its hidden states too, for the exact KL in the steps
-                    ref_lp, ref_states = self._reference_states(samples, kept, width)
-                else:
-                    ref_lp = forward_all(lambda mb: self._log_probs(ref, mb, width, False)[0])
+                with self._reference():  # LoRA: the policy with its adapter disabled
+                    if self.exact_kl:  # its hidden states too, for the exact KL in the steps
+                        ref_lp, ref_states = self._reference_states(samples, kept, width)
+                    else:
+                        ref_lp = forward_all(lambda mb: self._log_probs(ref, mb, width, False)[0])
             values = forward_all(lambda mb: self.critic.values(mb, width)) if self.critic is not None else None
             teacher_lp = None if self.teacher is None else forward_all(  # the teacher answers on the host
                 lambda mb: self.teacher.log_probs(mb, self.temperature, width, self._chunk(), self.layout).to(self.device))
@@ -402,8 +417,9 @@ class Trainer:
         width = mask.shape[1]
 
         def loss_fn(mb: list[int]):
-            out = self._log_probs(self.policy, [samples[i] for i in mb], width, True, heads=heads,
-                                  kl_ref=kl_ref(mb) if kl_ref is not None else None)
+            with lora.dropout_in_training(self.model) if self.cfg.lora_dropout else contextlib.nullcontext():
+                out = self._log_probs(self.policy, [samples[i] for i in mb], width, True, heads=heads,
+                                      kl_ref=kl_ref(mb) if kl_ref is not None else None)
             loss_tok, tok_metrics = token_loss(mb, *(t.float() for t in out))
             return hook_loss(rollout_id, aggregate_loss(loss_tok, mask[mb], per_token, denominator)), tok_metrics
 
@@ -412,6 +428,10 @@ class Trainer:
         self.guard.record(rollout_id, self.step, reason)
         totals["skipped"] = float(reason is not None)
         return totals
+
+    def _reference(self):
+        """Context of the reference forwards: LoRA's disabled adapter when the policy is its own reference."""
+        return lora.reference(self.peft) if self.ref_model is self.model else contextlib.nullcontext()
 
     def _lr_scale(self) -> float:
         c = self.cfg
@@ -466,13 +486,16 @@ class Trainer:
         leaves a half-written checkpoint under the final name."""
         directory = Path(directory)
         # Data-parallel: whole tensors (a collective under FSDP2), written by rank 0 alone.
-        model_state = self.dp.full_state_dict(self.policy, self.model)
+        model_state = self.dp.full_state_dict(self.policy, self.model) if self.peft is None else None
         optimizer_state = self.dp.optimizer_state(self.policy, self.optimizer)
         if self.dp.rank != 0:
             return directory
         tmp = directory.with_name(directory.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        self.model.save_pretrained(tmp, state_dict=model_state)
+        if self.peft is not None:  # LoRA: the adapter alone, as PEFT writes it
+            lora.save_adapter(self.peft, tmp)
+        else:
+            self.model.save_pretrained(tmp, state_dict=model_state)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         state = {"optimizer": optimizer_state, "step": self.step, "extra": extra or {},
@@ -494,10 +517,14 @@ class Trainer:
         """Restore what ``save`` wrote (policy weights and masters, optimizer(s), step, a moved
         reference model, the bad-step streak); returns its ``extra``."""
         directory = Path(directory)
-        saved = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
         state = torch.load(directory / "trainer_state.pt", weights_only=True)
-        # Data-parallel: every rank reads the whole checkpoint; FSDP2 keeps its shards.
-        self.dp.load(self.policy, self.model, self.optimizer, saved.state_dict(), state["optimizer"])
+        if self.peft is not None:  # LoRA (DDP or one process): the adapter, then its optimizer state
+            lora.load_adapter(self.peft, directory)
+            self.optimizer.load_state_dict(state["optimizer"])
+        else:
+            saved = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+            # Data-parallel: every rank reads the whole checkpoint; FSDP2 keeps its shards.
+            self.dp.load(self.policy, self.model, self.optimizer, saved.state_dict(), state["optimizer"])
         self.step = state["step"]
         self.guard.streak[:] = [tuple(x) for x in state.get("guard_streak", [])]
         if "master" in state:
