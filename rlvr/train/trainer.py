@@ -390,13 +390,14 @@ class Trainer:
     def _rollout_data_metrics(self, batch: RolloutTensors) -> dict[str, float]:
         """slime's per-rollout means (``rlvr.observe.rollout_data``), logged at ``rollout/step``."""
         samples = batch.samples
+        host = partial(torch.tensor, device="cpu")  # per-sample values from the samples (reduced on their own)
         per_sample = {"rewards": batch.rewards,
-                      "response_lengths": torch.tensor([float(s.response_length) for s in samples]),
-                      "total_lengths": torch.tensor([float(s.total_length) for s in samples]),
-                      "truncated": torch.tensor([float(s.status == Status.TRUNCATED) for s in samples])}
+                      "response_lengths": host([float(s.response_length) for s in samples]),
+                      "total_lengths": host([float(s.total_length) for s in samples]),
+                      "truncated": host([float(s.status == Status.TRUNCATED) for s in samples])}
         for key in (samples[0].train_metadata if samples else {}):
             if all(isinstance(s.train_metadata.get(key), (int, float)) for s in samples):
-                per_sample[key] = torch.tensor([float(s.train_metadata[key]) for s in samples])
+                per_sample[key] = host([float(s.train_metadata[key]) for s in samples])
         per_token = {"log_probs": batch.old_log_probs, "ref_log_probs": batch.ref_log_probs,
                      "rollout_log_probs": batch.rollout_log_probs, "advantages": batch.advantages,
                      "returns": batch.returns, "values": batch.values}
