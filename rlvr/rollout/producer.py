@@ -79,6 +79,12 @@ def fresh_copy(group: list[Sample]) -> list[Sample]:
     return [Sample(**{k: sample_to_dict(s)[k] for k in keep}) for s in group]
 
 
+def with_untrained(state: dict, groups: list[list[Sample]]) -> dict:
+    """The data source's ``state`` with ``groups`` (made, not trained) first in its buffer, so a run
+    resumed from it generates them again and none is lost."""
+    return state | {"buffer": [[sample_to_dict(s) for s in g] for g in groups] + state["buffer"]}
+
+
 class SyncBatches:
     """The synchronous source: rollout ``r`` is generated when the driver asks for it."""
 
@@ -217,8 +223,7 @@ class AsyncProducer:
         checkpoint taken now generates them again, so none is lost."""
         with self._cv:
             state = self.rollout.data_source.state_dict()
-        pending = [[sample_to_dict(s) for s in g] for g in self.pending_groups()]
-        return state | {"buffer": pending + state["buffer"]}
+        return with_untrained(state, self.pending_groups())
 
     def close(self) -> None:
         """Abort what is in flight and stop the thread."""
@@ -428,7 +433,7 @@ class RolloutFunctionProducer:
         with self._cv:
             pending = self._untrained()
             state = self.rollout.data_source.state_dict()
-        return state | {"buffer": [[sample_to_dict(s) for s in g] for g in pending] + state["buffer"]}
+        return with_untrained(state, pending)
 
     def _untrained(self) -> list[list[Sample]]:
         """Fresh copies of the ready batches' groups, once no call is running. Holds ``_cv``."""
