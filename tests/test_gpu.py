@@ -11,7 +11,6 @@ have not yet run on a GPU (README). Tolerances are stated per dtype:
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 import torch
@@ -21,6 +20,7 @@ from rlvr.train.packing import response_log_probs
 from rlvr.train.trainer import load_policy
 from rlvr.types import Sample
 from tests.conftest import SMALL
+from tests.test_packing import _samples as packing_samples
 
 pytestmark = pytest.mark.gpu
 
@@ -28,13 +28,7 @@ FP32_ABS, BF16_MEAN, BF16_MAX, GRAD_REL = 1e-4, 0.02, 0.25, 1e-5
 
 
 def _samples(n=8, seed=0, group=4) -> list[Sample]:
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        if i % group == 0:
-            prompt = [rng.randrange(256) for _ in range(rng.randint(2, 9))]
-        out.append(Sample("", prompt, response_ids=[rng.randrange(256) for _ in range(rng.randint(1, 12))]))
-    return out
+    return packing_samples(n, seed, group, min_prompt=2)
 
 
 @pytest.fixture(scope="module")

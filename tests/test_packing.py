@@ -13,13 +13,14 @@ from rlvr.types import Sample
 from tests.conftest import SMALL
 
 
-def _samples(n=6, seed=0, group=1):
-    """``n`` samples; ``group`` consecutive ones share a prompt (as a GRPO group does)."""
+def _samples(n=6, seed=0, group=1, min_prompt=1):
+    """``n`` samples; ``group`` consecutive ones share a prompt (as a GRPO group does) of at least
+    ``min_prompt`` tokens."""
     rng = random.Random(seed)
     out = []
     for i in range(n):
         if i % group == 0:
-            prompt = [rng.randrange(256) for _ in range(rng.randint(1, 9))]
+            prompt = [rng.randrange(256) for _ in range(rng.randint(min_prompt, 9))]
         out.append(Sample("", prompt, response_ids=[rng.randrange(256) for _ in range(rng.randint(1, 12))]))
     return out
 
