@@ -68,10 +68,16 @@ def test_max_staleness_1_bounds_every_trained_sample(tiny_qwen2, arith_files, tm
     assert all("rollout/staleness_mean" in r for r in rollouts)
 
 
+LORA = ["--lora-rank", "4", "--lora-alpha", "8", "--lr", "1e-2", "--use-kl-loss", "--kl-loss-coef", "0.001"]
+
+
 @pytest.mark.slow
-def test_max_staleness_0_is_exactly_on_policy(tiny_qwen2, arith_files, tmp_path):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_max_staleness_0_is_exactly_on_policy(tiny_qwen2, arith_files, tmp_path, lora):
+    """With LoRA (issue 18) the engine gets only the adapters after each step; on-policy its
+    log-probs still equal the trainer's while the adapter has moved the policy off the base."""
     cfg = parse_config(_args(tiny_qwen2, arith_files, tmp_path / "run", "--async", "--max-staleness", "0",
-                             "--rollout-concurrency", "8"))
+                             "--rollout-concurrency", "8", *(LORA if lora else [])))
     run_dir = run(cfg, console=False)
     rows = _ledger(run_dir)
     trained = [r for r in rows if r["trained"]]
@@ -83,6 +89,10 @@ def test_max_staleness_0_is_exactly_on_policy(tiny_qwen2, arith_files, tmp_path)
     # on-policy: the trainer's p0 is the engine's q (up to float error), as in sync mode
     diffs = [r["train/train_rollout_logprob_abs_diff"] for r in records if "train/step" in r]
     assert len(diffs) == 6 and max(diffs) < 1e-3
+    if lora:  # the policy moved: an engine left on the base would differ by ~sqrt(2 KL) per token
+        kl = [r["train/kl_loss"] for r in records if "train/step" in r]
+        print(f"async LoRA: last KL to the base {kl[-1]:.2e}, engine vs trainer |diff| {diffs[-1]:.2e}")
+        assert (2 * kl[-1]) ** 0.5 > 20 * max(diffs)
 
 
 @pytest.mark.slow

@@ -130,6 +130,15 @@ def test_engine_log_probs_after_adapter_sync_equal_the_trainers(tiny_qwen2, engi
     assert float(diffs.mean()) <= 1e-5
     # the engine's base was never sent: ~all bytes of the model stayed put
     assert sum(t.numel() for t in sent.values()) * 10 < sum(p.numel() for p in tr.model.parameters())
+    if engine_from == "trainer_copy":  # one copy of the base in the process: the engine shares the trainer's
+        base = {n: p for n, p in tr.model.named_parameters() if not p.requires_grad}
+        ours = dict(eng.model.named_parameters())
+        assert base and all(ours[n].data_ptr() == p.data_ptr() for n, p in base.items())
+        assert all(ours[n].data_ptr() != p.data_ptr() for n, p in tr.model.named_parameters() if p.requires_grad)
+        name = next(iter(base))
+        with pytest.raises(KeyError, match="frozen LoRA base"):
+            eng.update_weights({name: torch.zeros_like(base[name])}, 2)
+        assert base[name].abs().sum() > 0  # refused before anything was written
 
 
 def test_merged_weights_are_a_plain_checkpoint_with_the_adapter_folded_in(tiny_qwen2):

@@ -98,7 +98,8 @@ class _Group:
 
 
 class EmbeddedEngine:
-    """In-process engine. Holds its own copy of the weights (the trainer pushes new ones)."""
+    """In-process engine. Holds its own copy of the weights (the trainer pushes new ones), except a
+    LoRA policy's frozen base, which it shares with the trainer."""
 
     def __init__(
         self,
@@ -113,9 +114,17 @@ class EmbeddedEngine:
         kv_budget_bytes: int | None = None,
         mem_fraction: float | None = None,
     ):
+        self._shared: set[str] = set()  # parameters that are the trainer's own tensors (never written here)
         if isinstance(model, PreTrainedModel):
-            # A copy on the model's own device (colocated on one GPU: no host round trip).
-            self.model = copy.deepcopy(model)
+            # A copy on the model's own device (colocated on one GPU: no host round trip). A LoRA
+            # policy's frozen base is shared, not copied, when device and dtype already match:
+            # it never changes, so the process keeps one copy of the base weights (issue 18).
+            same = (device is None or torch.device(device) == next(model.parameters()).device) and dtype is None
+            frozen = {n: p for n, p in model.named_parameters() if not p.requires_grad} if same else {}
+            if len(frozen) == sum(1 for _ in model.parameters()):
+                frozen = {}  # a frozen model is not a LoRA policy: copy it whole
+            self.model = copy.deepcopy(model, memo={id(p): p for p in frozen.values()})
+            self._shared = set(frozen)
         else:
             self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
         device = torch.device(device) if device is not None else next(self.model.parameters()).device
@@ -234,6 +243,9 @@ class EmbeddedEngine:
             for name, tensor in items:
                 if name not in params:
                     raise KeyError(f"update_weights: engine model has no parameter {name!r}")
+                if name in self._shared:
+                    raise KeyError(f"update_weights: {name!r} is the trainer's frozen LoRA base, shared with "
+                                   "this engine; send the adapters only")
                 params[name].copy_(tensor)
                 seen.add(name)
             missing = self._synced - seen
