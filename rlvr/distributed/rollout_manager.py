@@ -33,6 +33,7 @@ from rlvr.distributed.failures import get_all, get_one
 from rlvr.distributed.placement import Plan, actor_setup, in_bundle, placement_info
 from rlvr.distributed.weight_sync import WeightMismatch, WeightsRef, checksum, from_store
 from rlvr.engine.balance import Affinity
+from rlvr.rollout.producer import BatchSource
 from rlvr.engine.base import GenerateRequest, GenerateResult
 from rlvr.types import RolloutBatch
 
@@ -341,7 +342,7 @@ class RayRollout:
     def engine_actors(self) -> list:
         return get_one(self.manager.engine_actors.remote())
 
-class RayAsyncSource:
+class RayAsyncSource(BatchSource):
     """The loop's batch source under ``--ray --async``: each method one call to the producer on
     the rollout manager (the same contract as ``rlvr.rollout.producer.AsyncProducer``)."""
 
@@ -366,9 +367,3 @@ class RayAsyncSource:
 
     def close(self) -> None:
         get_one(self.manager.close_producer.remote())
-
-    def __enter__(self) -> RayAsyncSource:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

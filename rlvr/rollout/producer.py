@@ -85,7 +85,27 @@ def with_untrained(state: dict, groups: list[list[Sample]]) -> dict:
     return state | {"buffer": [[sample_to_dict(s) for s in g] for g in groups] + state["buffer"]}
 
 
-class SyncBatches:
+class BatchSource:
+    """What every batch source shares: a ``with`` block closes it (``close`` stops its thread, if any)."""
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def stop_thread(thread: threading.Thread, timeout: float, what: str) -> None:
+    """Join a producer's thread (already told to stop); log when it outlives ``timeout``."""
+    thread.join(timeout=timeout)
+    if thread.is_alive():
+        log.error("%s did not stop within %.0f s", what, timeout)
+
+
+class SyncBatches(BatchSource):
     """The synchronous source: rollout ``r`` is generated when the driver asks for it."""
 
     def __init__(self, rollout, next_batch):
@@ -106,17 +126,8 @@ class SyncBatches:
     def pending_groups(self) -> list[list[Sample]]:
         return []
 
-    def close(self) -> None:
-        pass
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-class AsyncProducer:
+class AsyncProducer(BatchSource):
     """Rollout on a thread of its own; see the module docstring for the contract."""
 
     def __init__(self, rollout, concurrency: int, max_staleness: int, inflight: str = "abort", version: int = 0):
@@ -230,15 +241,7 @@ class AsyncProducer:
         with self._cv:
             self._closing = True
         self._notify()
-        self._thread.join(timeout=120)
-        if self._thread.is_alive():
-            log.error("the rollout producer did not stop within 120 s")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        stop_thread(self._thread, 120, "the rollout producer")
 
     # ---- the producer thread ------------------------------------------------------------------
     def _notify(self) -> None:
@@ -375,7 +378,7 @@ class AsyncProducer:
         return fresh_copy(group)
 
 
-class RolloutFunctionProducer:
+class RolloutFunctionProducer(BatchSource):
     """``--async`` for a ``--rollout-function-path`` function, which owns its whole rollout (slime's
     ``generate_rollout``): a thread calls it for the next rollouts ahead while the trainer trains.
 
@@ -450,15 +453,7 @@ class RolloutFunctionProducer:
         with self._cv:
             self._closing = True
             self._cv.notify_all()
-        self._thread.join(timeout=600)
-        if self._thread.is_alive():
-            log.error("the rollout function did not return within 600 s of the end of the run")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        stop_thread(self._thread, 600, "the rollout function (at the end of the run)")
 
     def _main(self) -> None:
         try:
