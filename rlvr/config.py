@@ -502,8 +502,10 @@ class Config:
              "not built for FSDP2's sharded optimizer state yet; use ddp or drop it"),
             ("--ref-update-interval", self.train.ref_update_interval is not None and c.train_backend == "fsdp",
              "not supported with --train-backend fsdp yet; use ddp"),
-            ("--lora-rank", bool(self.train.lora_rank or self.train.lora_adapter_path) and c.train_backend == "fsdp",
-             "LoRA is built for --train-backend ddp only (FSDP2 sharding of PEFT's layers is not wired); use ddp"),
+            ("--kl-loss-type", self.algo.kl_loss_type == "token_level_kl" and c.train_backend == "fsdp"
+             and bool(self.train.lora_rank or self.train.lora_adapter_path),
+             "token_level_kl reads the reference's hidden states, which LoRA under --train-backend fsdp keeps "
+             "sharded; use ddp or another --kl-loss-type"),
             ("--async", self.asynchronous.async_train and c.colocate,
              "sampling and training overlap, so they cannot time-share bundles; drop --colocate"),
             ("--check-weight-update-equal", self.asynchronous.async_train and c.check_weight_update_equal,

@@ -189,6 +189,8 @@ def test_save_load_is_exact_and_the_adapter_exports(tiny_qwen2, tmp_path):
     again.load(ckpt)
     again.train(1, samples)
     assert all(torch.equal(after[n], t) for n, t in lora.adapter_weights(again.model).items())
+    with pytest.raises(ValueError, match="does not match the run's LoRA layers"):  # other targets
+        lora_trainer(tiny_qwen2, target_modules=["q_proj"]).load(ckpt)
 
     adapter = export_hf(ckpt, tmp_path / "adapter", adapter_only=True)
     merged = export_hf(ckpt, tmp_path / "merged")

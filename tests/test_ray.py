@@ -137,18 +137,22 @@ def test_colocated_with_resume(ray_cluster, tiny_qwen2, arith_files, small_eval,
 
 
 @pytest.mark.slow
-def test_lora_ddp_colocated_adapter_sync_resume_and_exact_gradients(ray_cluster, tiny_qwen2, arith_files, small_eval,
-                                                                    tmp_path):
+@pytest.mark.parametrize("backend", ["ddp", "fsdp"])
+def test_lora_colocated_adapter_sync_resume_and_exact_gradients(ray_cluster, tiny_qwen2, arith_files, small_eval,
+                                                                tmp_path, backend):
     """LoRA under --ray: engine actors hold the LoRA-wrapped model and receive only the adapters
-    (checksummed, through colocated sleep/wake), adapter checkpoints resume under Ray, and the
-    2-rank DDP gradient of the adapters equals one process's."""
+    (checksummed, through colocated sleep/wake; FSDP2 gathers the sharded adapters), adapter
+    checkpoints resume under Ray, and the 2-rank gradient of the adapters equals one process's."""
     out, dump = tmp_path / "run", str(tmp_path / "dump" / "rollout_{rollout_id}.pt")
-    argv = ray_args(tiny_qwen2, arith_files[0], small_eval, out) + ["--colocate", "--lora-rank", "4"]
+    argv = ray_args(tiny_qwen2, arith_files[0], small_eval, out) + ["--colocate", "--lora-rank", "4",
+                                                                    "--train-backend", backend]
     assert main(["train", *argv, "--save-debug-rollout-data", dump]) == 0
     assert [r["train/step"] for r in records(out, "train/step")] == [1, 2]
     assert (out / "checkpoints" / "rollout_000002" / "adapter_model.safetensors").is_file()
     assert main(["train", *argv, "--num-rollout", "3", "--load", str(out / "checkpoints")]) == 0
     assert [r["rollout/step"] for r in records(out, "rollout/step")] == [0, 1, 2]
+    # the resumed run's first step starts from the loaded adapter, not from B = 0 (policy == base: KL 0)
+    assert records(out, "train/step")[-1]["train/step"] == 3 and records(out, "train/step")[-1]["train/kl_loss"] > 0
     batch = RolloutBatch.load(dump.format(rollout_id=0))
     assert gradient_error([a for a in argv if a != "--colocate"], batch.samples) < 1e-5  # the helper places no engines
 
@@ -212,6 +216,8 @@ def test_ray_flags_validated(tiny_qwen2, arith_files):
         (["--ray", "--advantage-estimator", "ppo", "--n-samples-per-prompt", "2"], "--advantage-estimator", "critic"),
         (["--ray", "--rollout-external-engine-addrs", "127.0.0.1:30000"], "--rollout-external-engine-addrs", "local mode"),
         (["--ray", "--debug-rollout-only", "--colocate"], "--debug-rollout-only", "--colocate"),
+        (["--ray", "--actor-num-cpu-workers-per-node", "1", "--train-backend", "fsdp", "--lora-rank", "4",
+          "--use-kl-loss", "--kl-loss-type", "token_level_kl"], "--kl-loss-type", "keeps sharded"),
     ]
     for extra, flag, text in cases:
         with pytest.raises(ConfigError) as info:

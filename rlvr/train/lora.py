@@ -121,9 +121,15 @@ def dropout_in_training(model: torch.nn.Module):
 
 
 # ---- what the engines receive ----------------------------------------------------------------
+def whole(t: torch.Tensor) -> torch.Tensor:
+    """``t`` whole: an FSDP2 shard (a DTensor) is gathered, a collective every rank must join."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def adapter_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The adapters' tensors by parameter name (the names the engine's LoRA-wrapped copy has)."""
-    return {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+    """The adapters' tensors by parameter name (the names the engine's LoRA-wrapped copy has),
+    whole on every rank under FSDP2 (every rank must call)."""
+    return {n: whole(p.detach()) for n, p in model.named_parameters() if p.requires_grad}
 
 
 def _lora_layers(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
@@ -161,20 +167,33 @@ def engine_model(train):
 
 
 # ---- checkpoints -------------------------------------------------------------------------------
-def save_adapter(peft_model, directory: Path) -> None:
-    peft_model.save_pretrained(directory)
+PEFT_PREFIX = "base_model.model."  # a PeftModel's names of the wrapped model's parameters
 
 
-def load_adapter(peft_model, directory: Path) -> None:
-    """Put the adapter saved in ``directory`` back into ``peft_model`` (bit-exact)."""
-    from peft import set_peft_model_state_dict
+def save_adapter(peft_model, directory: Path, adapter: dict[str, torch.Tensor]) -> None:
+    """PEFT's adapter files from ``adapter`` (``adapter_weights``: whole tensors, also under FSDP2)."""
+    peft_model.save_pretrained(directory, state_dict={PEFT_PREFIX + n: t for n, t in adapter.items()})
+
+
+def read_adapter(model: torch.nn.Module, directory: Path) -> dict[str, torch.Tensor]:
+    """The adapter saved in ``directory`` under ``model``'s parameter names (whole tensors, for
+    ``load_state_dict`` or FSDP2's ``set_model_state_dict``); every adapter parameter of ``model``
+    must be there and nothing else."""
     from peft.utils import load_peft_weights
 
-    result = set_peft_model_state_dict(peft_model, load_peft_weights(str(directory)), adapter_name=ADAPTER)
-    missing = [k for k in result.missing_keys if ".lora_" in k]
-    if missing or result.unexpected_keys:
+    saved = load_peft_weights(str(directory))
+    out, missing = {}, []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            key = PEFT_PREFIX + name.replace(f".{ADAPTER}.", ".")  # PEFT's files drop the adapter name
+            if key in saved:
+                out[name] = saved.pop(key)
+            else:
+                missing.append(key)
+    if missing or saved:
         raise ValueError(f"{directory}: the adapter does not match the run's LoRA layers "
-                         f"(missing {missing[:3]}, unexpected {list(result.unexpected_keys)[:3]})")
+                         f"(missing {missing[:3]}, unexpected {list(saved)[:3]})")
+    return out
 
 
 def export_lora(checkpoint: Path, out_dir: Path, adapter_only: bool) -> Path:

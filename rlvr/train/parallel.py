@@ -83,8 +83,8 @@ class SingleProcess:
         return optimizer.state_dict()
 
     def load(self, wrapped: torch.nn.Module, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             model_state: dict, optimizer_state: dict) -> None:
-        model.load_state_dict(model_state)
+             model_state: dict, optimizer_state: dict, strict: bool = True) -> None:
+        model.load_state_dict(model_state, strict=strict)
         optimizer.load_state_dict(optimizer_state)
 
 
@@ -174,11 +174,11 @@ class DataParallel:
                                         options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def load(self, wrapped: torch.nn.Module, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             model_state: dict, optimizer_state: dict) -> None:
+             model_state: dict, optimizer_state: dict, strict: bool = True) -> None:
         """Put whole tensors (read from a checkpoint by every rank) back into the (sharded) model
-        and optimizer."""
+        and optimizer; ``strict=False``: ``model_state`` holds some parameters only (LoRA's adapters)."""
         if self.backend == "ddp":
-            model.load_state_dict(model_state)
+            model.load_state_dict(model_state, strict=strict)
             optimizer.load_state_dict(optimizer_state)
             return
         from torch.distributed.checkpoint.state_dict import (
@@ -187,7 +187,7 @@ class DataParallel:
             set_optimizer_state_dict,
         )
 
-        options = StateDictOptions(full_state_dict=True)
+        options = StateDictOptions(full_state_dict=True, strict=strict)
         set_model_state_dict(wrapped, {"model." + k: v for k, v in model_state.items()}, options=options)
         set_optimizer_state_dict(wrapped, optimizer, optimizer_state, options=options)
 

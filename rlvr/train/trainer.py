@@ -294,7 +294,8 @@ class Trainer:
             ref_lp, ref_states = None, None
             if self.ref_model is not None:
                 self.ref_forwards += 1
-                ref = partial(response_log_probs, self.ref_model)
+                # LoRA: the policy's own (wrapped: FSDP2 gathers its shards) forward with the adapter off
+                ref = self.policy if self.ref_model is self.model else partial(response_log_probs, self.ref_model)
                 with self._reference():  # LoRA: the policy with its adapter disabled
                     if self.exact_kl:  # its hidden states too, for the exact KL in the steps
                         ref_lp, ref_states = self._reference_states(samples, kept, width)
@@ -486,7 +487,9 @@ class Trainer:
         with PPO, ``critic/``. Written under a temporary name and renamed, so a crash mid-save never
         leaves a half-written checkpoint under the final name."""
         directory = Path(directory)
-        # Data-parallel: whole tensors (a collective under FSDP2), written by rank 0 alone.
+        # Data-parallel: whole tensors (a collective under FSDP2), written by rank 0 alone; with
+        # LoRA the adapters only.
+        adapter = lora.adapter_weights(self.model) if self.peft is not None else None
         model_state = self.dp.full_state_dict(self.policy, self.model) if self.peft is None else None
         optimizer_state = self.dp.optimizer_state(self.policy, self.optimizer)
         if self.dp.rank != 0:
@@ -494,7 +497,7 @@ class Trainer:
         tmp = directory.with_name(directory.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         if self.peft is not None:  # LoRA: the adapter alone, as PEFT writes it
-            lora.save_adapter(self.peft, tmp)
+            lora.save_adapter(self.peft, tmp, adapter)
         else:
             self.model.save_pretrained(tmp, state_dict=model_state)
         if tokenizer is not None:
@@ -519,9 +522,9 @@ class Trainer:
         reference model, the bad-step streak); returns its ``extra``."""
         directory = Path(directory)
         state = torch.load(directory / "trainer_state.pt", weights_only=True)
-        if self.peft is not None:  # LoRA (DDP or one process): the adapter, then its optimizer state
-            lora.load_adapter(self.peft, directory)
-            self.optimizer.load_state_dict(state["optimizer"])
+        if self.peft is not None:  # LoRA: the adapter and its optimizer state (the base is the checkpoint's)
+            self.dp.load(self.policy, self.model, self.optimizer, lora.read_adapter(self.model, directory),
+                         state["optimizer"], strict=False)
         else:
             saved = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
             # Data-parallel: every rank reads the whole checkpoint; FSDP2 keeps its shards.
