@@ -1,4 +1,4 @@
-"""Weight sync under Ray: trainer rank 0 -> object store -> M engine actors, for the ~20M model.
+"""Weight sync under Ray: trainer rank 0 -> M engine actors (object store or broadcast), for the ~20M model.
 
 Starts a local Ray cluster with 2 DDP training ranks and 2 embedded engines (disaggregated),
 then times ``rollout.update_weights(trainer.weights(), version)`` -- exactly what the loop times
@@ -8,6 +8,7 @@ sync moves. ``--lora-rank R`` trains LoRA adapters (issue 18): only they are syn
 and without to compare.
 
     .venv/bin/python benchmarks/weight_sync.py [--model 20m] [--engines 2] [--repeats 5] [--lora-rank 16]
+        [--weight-sync object_store|broadcast]
 
 ``--local``: no Ray; local mode's path (``trainer.weights()`` into an embedded engine in the same
 process), full weights against LoRA adapters of ``--lora-rank`` (default 16) side by side.
@@ -62,6 +63,8 @@ def main() -> None:
     ap.add_argument("--backend", default="ddp", choices=["ddp", "fsdp"])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--lora-rank", type=int, default=0)
+    ap.add_argument("--weight-sync", default="object_store", choices=["object_store", "broadcast"],
+                    help="rank 0 -> object store -> engines, or a broadcast group (gloo on CPU)")
     a = ap.parse_args()
     if a.local:
         return local(a.model, a.lora_rank or 16, a.repeats)
@@ -76,10 +79,12 @@ def main() -> None:
     cfg = parse_config(["--hf-checkpoint", str(ckpt), "--prompt-data", str(prompts), "--rollout-batch-size", "2",
                         "--n-samples-per-prompt", "2", "--ray", "--actor-num-cpu-workers-per-node", str(a.ranks),
                         "--rollout-num-engines", str(a.engines), "--train-backend", a.backend,
-                        "--lora-rank", str(a.lora_rank)])
+                        "--lora-rank", str(a.lora_rank), "--weight-sync", a.weight_sync])
     t0 = time.perf_counter()
-    rollout, trainer, close = start_on_ray(cfg)
-    print(f"ray up: {a.ranks} {a.backend} ranks + {a.engines} engines in {time.perf_counter() - t0:.1f} s")
+    c = start_on_ray(cfg)
+    rollout, trainer, close = c.rollout, c.trainer, c.close
+    print(f"ray up: {a.ranks} {a.backend} ranks + {a.engines} engines, weights by {a.weight_sync}, "
+          f"in {time.perf_counter() - t0:.1f} s")
     try:
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -87,10 +92,11 @@ def main() -> None:
         print(f"model {a.model}: {n_params / 1e6:.1f}M parameters, {n_params * 4 / 2**20:.0f} MiB float32")
         import ray
 
-        sent = ray.get(trainer.weights().weights)
-        n_bytes = sum(v.nbytes for v in sent.values())
-        print(f"one sync moves {len(sent)} tensors, {n_bytes / 2**20:.2f} MiB "
-              f"({'LoRA rank %d adapters' % a.lora_rank if a.lora_rank else 'every weight'})")
+        if a.weight_sync == "object_store":
+            sent = ray.get(trainer.weights().weights)
+            n_bytes = sum(v.nbytes for v in sent.values())
+            print(f"one sync moves {len(sent)} tensors, {n_bytes / 2**20:.2f} MiB "
+                  f"({'LoRA rank %d adapters' % a.lora_rank if a.lora_rank else 'every weight'})")
         version = 0
         for check in (False, True):
             trainer.cfg.cluster.check_weight_update_equal = check

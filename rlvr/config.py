@@ -485,6 +485,17 @@ class Config:
     def _validate_ray(self) -> None:
         """What ``--ray`` cannot do (yet), refused before any actor starts."""
         c, world = self.cluster, self.cluster.train_world_size
+        # --weight-sync: a broadcast group is formed once, by the engines that exist at the start,
+        # and pushed to by the driver between steps (rlvr/distributed/broadcast.py)
+        static = {"--colocate": c.colocate, "--async": self.asynchronous.async_train,
+                  "--use-fault-tolerance": self.engine.use_fault_tolerance}
+        if c.weight_sync == "auto":
+            c.weight_sync = "broadcast" if c.gpus_per_engine and not any(static.values()) else "object_store"
+        elif c.weight_sync == "broadcast" and any(static.values()):
+            flag = next(f for f, on in static.items() if on)
+            raise ConfigError("--weight-sync", f"broadcast is formed once by the engines present at the start and "
+                                               f"pushed to between steps, which {flag} does not allow; use "
+                                               "object_store (or auto)")
         if self.global_batch_size % world:
             raise ConfigError("--global-batch-size", f"{self.global_batch_size} samples per optimizer step cannot be "
                                                      f"split evenly across {world} training ranks; make it a multiple of {world}")

@@ -179,6 +179,32 @@ def test_colocated_engines_sleep_while_training_and_restart(ray_cluster, tiny_qw
 
 
 @pytest.mark.slow
+def test_broadcast_weight_sync_streams_buckets_to_every_engine(ray_cluster, tiny_qwen2, arith_files, small_eval,
+                                                               tmp_path):
+    """--weight-sync broadcast (gloo here, NCCL between GPUs): rank 0 and both engines form their own
+    group; every push arrives bucket by bucket (4 KiB buckets: many) and every engine's checksum
+    equals the trainer's (--check-weight-update-equal, else the run stops); a re-created engine
+    could not join, so restarting one is refused."""
+    from rlvr.loop import build
+
+    out = tmp_path / "run"
+    argv = ray_args(tiny_qwen2, arith_files[0], small_eval, out) + ["--weight-sync", "broadcast",
+                                                                    "--update-weight-buffer-size", "4096"]
+    assert main(["train", *argv]) == 0
+    assert_finished(out)
+    cfg = parse_config(argv)
+    with build(cfg) as c:
+        batch = c.rollout.generate(0)
+        c.trainer.train(0, batch.samples)
+        c.rollout.update_weights(c.trainer.weights(), version=1)
+        sums = c.rollout.last_checksums
+        assert len(sums) == 2 and len(set(sums)) == 1 and None not in sums
+        assert {v for s in c.rollout.generate(1).samples for v in s.weight_versions} == {1}
+        with pytest.raises(Exception, match="cannot join the broadcast group"):
+            c.rollout.restart_engine(0)
+
+
+@pytest.mark.slow
 def test_fsdp(ray_cluster, tiny_qwen2, arith_files, small_eval, tmp_path):
     out, dump = tmp_path / "run", str(tmp_path / "dump" / "rollout_{rollout_id}.pt")
     argv = ray_args(tiny_qwen2, arith_files[0], small_eval, out) + ["--train-backend", "fsdp"]
@@ -216,6 +242,9 @@ def test_ray_flags_validated(tiny_qwen2, arith_files):
         (["--ray", "--advantage-estimator", "ppo", "--n-samples-per-prompt", "2"], "--advantage-estimator", "critic"),
         (["--ray", "--rollout-external-engine-addrs", "127.0.0.1:30000"], "--rollout-external-engine-addrs", "local mode"),
         (["--ray", "--debug-rollout-only", "--colocate"], "--debug-rollout-only", "--colocate"),
+        (["--ray", "--colocate", "--weight-sync", "broadcast"], "--weight-sync", "--colocate does not allow"),
+        (["--ray", "--async", "--weight-sync", "broadcast"], "--weight-sync", "--async does not allow"),
+        (["--weight-sync", "broadcast"], "--weight-sync", "only acts with --ray"),
         (["--ray", "--actor-num-cpu-workers-per-node", "1", "--train-backend", "fsdp", "--lora-rank", "4",
           "--use-kl-loss", "--kl-loss-type", "token_level_kl"], "--kl-loss-type", "keeps sharded"),
     ]
@@ -223,6 +252,11 @@ def test_ray_flags_validated(tiny_qwen2, arith_files):
         with pytest.raises(ConfigError) as info:
             parse_config(base + extra)
         assert info.value.flag == flag and text in str(info.value), (extra, str(info.value))
+    # auto: the object store for CPU engines (broadcast for disaggregated GPU engines)
+    assert parse_config(base + ["--ray", "--rollout-num-engines", "1"]).cluster.weight_sync == "object_store"
+    gpu = parse_config(base + ["--actor-num-gpus-per-node", "1", "--rollout-num-gpus", "1"])
+    assert gpu.cluster.weight_sync == "broadcast"
+    assert parse_config(base + ["--actor-num-gpus-per-node", "1", "--colocate"]).cluster.weight_sync == "object_store"
 
 
 def test_weight_checksum_is_bit_exact():

@@ -69,10 +69,15 @@ def start_actors(cfg: Config) -> tuple[object, object, Callable[[], None]]:
         parts["rollout"] = RayRollout(cfg, parts["pg"], p, cwd)
         parts["trainer"].setup()  # both sides load at once
         parts["rollout"].setup()
+        if cfg.cluster.weight_sync == "broadcast":  # rank 0 and the engines form their group (broadcast.py)
+            host, port = parts["trainer"].broadcast_address()
+            joins = parts["trainer"].join_broadcast(host, port, parts["rollout"].num_engines + 1)
+            parts["rollout"].join_broadcast(host, port, joins)
     except BaseException:
         close()
         raise
     c = cfg.cluster
-    log.info("ray: %d %s training ranks and %d engines (%s) up in %.1f s", c.train_world_size, c.train_backend,
-             parts["rollout"].num_engines, "colocated" if c.colocate else "disaggregated", time.perf_counter() - t0)
+    log.info("ray: %d %s training ranks and %d engines (%s, weights by %s) up in %.1f s", c.train_world_size,
+             c.train_backend, parts["rollout"].num_engines, "colocated" if c.colocate else "disaggregated",
+             c.weight_sync, time.perf_counter() - t0)
     return parts["rollout"], parts["trainer"], close

@@ -46,6 +46,13 @@ class ClusterConfig:
     offload_train: bool = _f(False, "--colocate: move the optimizer state to host memory while the engine samples")
     train_backend: str = _f("ddp", "data parallelism of the training group", ["ddp", "fsdp"])
     check_weight_update_equal: bool = _f(False, "after each weight sync, compare every engine's weight checksum with the trainer's")
+    weight_sync: str = _f("auto", "how weights reach the engines under --ray: object_store (rank 0 -> Ray's object "
+                                  "store -> engines), broadcast (a process group of rank 0 and the engines: NCCL on "
+                                  "GPUs, gloo on CPU; rlvr/distributed/broadcast.py), auto (broadcast for "
+                                  "disaggregated GPU engines in a synchronous run without --use-fault-tolerance, "
+                                  "else object_store)", ["auto", "object_store", "broadcast"])
+    update_weight_buffer_size: int = _f(512 * 2**20, "bytes per bucket of a broadcast weight sync (tensors of one "
+                                                     "dtype flattened together)", ge=1)
 
     @property
     def uses_gpus(self) -> bool:
@@ -78,6 +85,7 @@ class ClusterConfig:
                                                  "add --colocate or drop it")
         if not self.ray:
             placed = [n for n in ("ray_address", "check_weight_update_equal") if getattr(self, n)]
+            placed += ["weight_sync"] * (self.weight_sync != "auto")
             placed += [n for n in ("actor_num_nodes", "actor_num_cpu_workers_per_node") if getattr(self, n) != 1]
             placed += ["train_backend"] * (self.train_backend != "ddp")
             if placed:

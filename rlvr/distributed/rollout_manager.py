@@ -72,6 +72,21 @@ class EngineActor:
         held = self.engine.model.state_dict()
         return checksum({name: held[name] for name in weights})
 
+    def join_broadcast(self, host: str, port: int, rank: int, world_size: int) -> None:
+        """``--weight-sync broadcast``: join training rank 0's group as ``rank`` (1 + engine index)."""
+        from rlvr.distributed.broadcast import WeightBroadcast
+
+        self.broadcast = WeightBroadcast(host, port, rank, world_size, self.device)
+
+    def receive_weights(self, specs: list, buffer_bytes: int, version: int, with_checksum: bool) -> str | None:
+        """Load the weights rank 0 is broadcasting, bucket by bucket (``rlvr.distributed.broadcast``)."""
+        self.engine.wake()
+        self.engine.update_weights(self.broadcast.receive(specs, buffer_bytes), version)
+        if not with_checksum:
+            return None
+        held = self.engine.model.state_dict()
+        return checksum({s.name: held[s.name] for s in specs})
+
     def abort(self, rid: str | None = None) -> None:
         self.engine.abort(rid)
 
@@ -122,6 +137,7 @@ class EngineGroup:
         self.outstanding = [0] * n
         self.version = 0
         self.weights_ref = None  # the last weights pushed (a restarted engine gets them too)
+        self.broadcast_specs = None  # --weight-sync broadcast: what rank 0 sends (set when the group forms)
         self.affinity = Affinity()  # session -> actor index
 
     def make(self, i: int):
@@ -130,6 +146,9 @@ class EngineGroup:
     def restart(self, i: int) -> None:
         """Replace engine ``i`` by a new actor holding the current weights (the seam for issue 9's
         health checks)."""
+        if self.broadcast_specs is not None:
+            raise RuntimeError(f"engine {i} cannot be re-created under --weight-sync broadcast: a new engine cannot "
+                               "join the broadcast group formed at the start (use --weight-sync object_store)")
         ray.kill(self.actors[i])
         self.actors[i] = self.make(i)
         self.outstanding[i] = 0
@@ -149,6 +168,17 @@ class EngineGroup:
     def update_weights(self, weights_ref, version: int, with_checksum: bool = False) -> list[str | None]:
         sums = get_all([a.update_weights.remote(weights_ref, version, with_checksum) for a in self.actors])
         self.weights_ref, self.version = weights_ref, version
+        return sums
+
+    def join_broadcast(self, host: str, port: int) -> None:
+        """Every engine joins rank 0's broadcast group (rank 0 joins at the same time)."""
+        world = len(self.actors) + 1
+        get_all([a.join_broadcast.remote(host, port, 1 + i, world) for i, a in enumerate(self.actors)])
+
+    def receive_weights(self, buffer_bytes: int, version: int, with_checksum: bool = False) -> list[str | None]:
+        sums = get_all([a.receive_weights.remote(self.broadcast_specs, buffer_bytes, version, with_checksum)
+                        for a in self.actors])
+        self.version = version
         return sums
 
     def abort(self, rid: str | None = None) -> None:
@@ -220,11 +250,29 @@ class RolloutManager:
         weights_ref, checksum_ref = refs
         expected = ray.get(checksum_ref) if checksum_ref is not None else None
         sums = self.engines.update_weights(weights_ref, version, with_checksum=expected is not None)
+        return self._compare(sums, expected, version)
+
+    @staticmethod
+    def _compare(sums: list[str | None], expected: str | None, version: int) -> list[str | None]:
         bad = [i for i, s in enumerate(sums) if expected is not None and s != expected]
         if bad:
             raise WeightMismatch(f"--check-weight-update-equal: after the sync to version {version}, engines {bad} "
                                  f"hold weights whose checksum differs from the trainer's ({expected})")
         return sums
+
+    def join_broadcast(self, host: str, port: int) -> None:
+        self.engines.join_broadcast(host, port)
+
+    def set_broadcast_specs(self, specs: list) -> None:
+        """What rank 0 sends at every push (known once it has joined)."""
+        self.engines.broadcast_specs = specs
+
+    def receive_weights(self, refs: list, version: int, check: bool) -> list[str | None]:
+        """``--weight-sync broadcast``: the engines receive what rank 0 is sending; then, with
+        ``check`` (``--check-weight-update-equal``), their checksums are compared with rank 0's
+        (``refs`` = [its call's ref], read only after the transfer: rank 0 returns when done)."""
+        sums = self.engines.receive_weights(self.cfg.cluster.update_weight_buffer_size, version, with_checksum=check)
+        return self._compare(sums, ray.get(refs[0]) if check else None, version)
 
     def restart_engine(self, i: int) -> None:
         self.engines.restart(i)
@@ -316,8 +364,19 @@ class RayRollout:
         return get_one(self.manager.evaluate.remote(name, records, cfg))
 
     def update_weights(self, weights: WeightsRef, version: int) -> None:
+        if weights.broadcast:  # rank 0 is sending (weights.checksum is its call): the engines receive now
+            call = self.manager.receive_weights.remote([weights.checksum], version,
+                                                       self.cfg.cluster.check_weight_update_equal)
+            self.last_checksums = get_all([call, weights.checksum, *weights.others])[0]
+            return
         call = self.manager.update_weights.remote([weights.weights, weights.checksum], version)
         self.last_checksums = get_all([call, *weights.others])[0]
+
+    def join_broadcast(self, host: str, port: int, rank_joins: list) -> None:
+        """The engines join rank 0's broadcast group while the ranks' ``rank_joins`` calls run
+        (rank 0 joins; every rank takes part in gathering the specs)."""
+        _, specs, *_ = get_all([self.manager.join_broadcast.remote(host, port), *rank_joins])
+        get_one(self.manager.set_broadcast_specs.remote(specs))
 
     def restart_engine(self, i: int) -> None:
         get_one(self.manager.restart_engine.remote(i))

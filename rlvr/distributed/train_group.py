@@ -13,9 +13,10 @@ every rank and gathered with ``get_all`` (first failure raised at once).
 
 Colocated (``--colocate``): after handing its weights over, each rank frees its gradients (the
 memory the engines then use) and, with ``--offload-train``, moves AdamW's state to host memory
-until its next ``train`` (DDP; refused with FSDP2). Not built yet on Ray: on-device/CUDA-IPC or
-NCCL weight hand-off -- weights go rank 0 -> object store (host memory) -> engines on every
-device (docs/scaling.md).
+until its next ``train`` (DDP; refused with FSDP2). Weights go rank 0 -> object store (host
+memory) -> engines, or with ``--weight-sync broadcast`` rank 0 -> engines through a process group
+of their own (``rlvr/distributed/broadcast.py``). Not built yet: on-device/CUDA-IPC hand-off to
+colocated engines (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -87,6 +88,26 @@ class TrainWorker:
         metrics = self.trainer.train(rollout_id, samples)
         return metrics, list(self.trainer.guard.streak), self.trainer.step
 
+    def join_broadcast(self, host: str, port: int, world_size: int) -> list | None:
+        """``--weight-sync broadcast``: rank 0 joins (hosts) the group with the engines and returns
+        the specs of what it will send; the other ranks only take part in FSDP2's gather."""
+        from rlvr.distributed.broadcast import WeightBroadcast, specs_of
+
+        specs = specs_of(self.trainer.weights())
+        if self.rank != 0:
+            return None
+        self.broadcast, self.specs = WeightBroadcast(host, port, 0, world_size, self.device), specs
+        return specs
+
+    def send_weights(self, with_checksum: bool) -> str | None:
+        """``--weight-sync broadcast``: rank 0 streams the policy to the engines (which receive at
+        the same time); returns its checksum when asked."""
+        weights = self.trainer.weights()
+        if self.rank != 0:
+            return None
+        self.broadcast.send(weights, self.specs, self.cfg.cluster.update_weight_buffer_size)
+        return checksum(weights) if with_checksum else None
+
     def weights(self, with_checksum: bool) -> tuple[dict | None, str | None]:
         """Rank 0: the whole policy (and its checksum); other ranks take part in FSDP2's gather."""
         weights = self.trainer.weights()
@@ -139,11 +160,23 @@ class RayTrainer:
 
     def weights(self) -> WeightsRef:
         """Object-store refs of rank 0's weights (never fetched by the driver); the other ranks'
-        calls ride along so that a failure among them surfaces too."""
+        calls ride along so that a failure among them surfaces too. ``--weight-sync broadcast``:
+        rank 0 starts streaming them to the engines (``RayRollout.update_weights`` has them
+        receive); the ref holds no weights, only rank 0's checksum."""
         check = self.cfg.cluster.check_weight_update_equal
+        if self.cfg.cluster.weight_sync == "broadcast":
+            calls = [w.send_weights.remote(check) for w in self.workers]
+            return WeightsRef(None, calls[0], others=calls[1:], broadcast=True)
         calls = [w.weights.options(num_returns=2).remote(check) for w in self.workers]
         weights, digest = calls[0]
         return WeightsRef(weights, digest if check else None, others=[c[0] for c in calls[1:]])
+
+    def join_broadcast(self, host: str, port: int, world_size: int) -> list:
+        """Calls (not yet awaited: the engines join at the same time) of every rank's ``join_broadcast``."""
+        return [w.join_broadcast.remote(host, port, world_size) for w in self.workers]
+
+    def broadcast_address(self) -> tuple[str, int]:
+        return get_all([self.workers[0].address.remote()])[0]
 
     def gradients(self) -> dict[str, torch.Tensor]:
         return get_all([w.gradients.remote() for w in self.workers])[0]

@@ -9,8 +9,9 @@ the new version). The loop times the whole hand-over as ``perf/update_weights_ti
 ``--check-weight-update-equal``: rank 0 also returns ``checksum`` of what it sent, and every engine
 returns the checksum of what it then holds; a mismatch stops the run.
 
-Across nodes the object store moves the bytes over the network; a torch.distributed broadcast
-group (NCCL) between rank 0 and the engines is the faster path there and is not built yet.
+Across nodes the object store moves the bytes over the network; ``--weight-sync broadcast``
+(``rlvr.distributed.broadcast``) streams them instead through a process group of rank 0 and the
+engines (NCCL between GPUs), the default for disaggregated GPU engines.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class WeightsRef:
     weights: Any  # ray.ObjectRef[dict[str, Tensor]]
     checksum: Any = None  # ray.ObjectRef[str] | None
     others: list = field(default_factory=list)  # the other ranks' calls (FSDP2 gathers need them all)
+    broadcast: bool = False  # --weight-sync broadcast: ``weights`` is None, rank 0 is streaming them
 
 
 class WeightMismatch(RuntimeError):
