@@ -16,7 +16,9 @@ list (names, shapes, dtypes of what ``Trainer.weights()`` returns), fixed when t
 
 An engine re-created after the group formed cannot join it, so config validation refuses
 ``broadcast`` with ``--use-fault-tolerance``; with ``--colocate`` (engines share the ranks'
-devices) and ``--async`` (the producer pushes from its own thread) too.
+devices) and ``--async`` (the producer pushes from its own thread) too. An engine that dies
+mid-push stops the run: its actor error surfaces at once, and rank 0's half-done broadcast fails
+when the group's timeout (10 minutes) runs out.
 """
 
 from __future__ import annotations

@@ -33,8 +33,8 @@ from rlvr.distributed.failures import get_all, get_one
 from rlvr.distributed.placement import Plan, actor_setup, in_bundle, placement_info
 from rlvr.distributed.weight_sync import WeightMismatch, WeightsRef, checksum, from_store
 from rlvr.engine.balance import Affinity
-from rlvr.rollout.producer import BatchSource
 from rlvr.engine.base import GenerateRequest, GenerateResult
+from rlvr.rollout.producer import BatchSource
 from rlvr.types import RolloutBatch
 
 
@@ -400,6 +400,7 @@ class RayRollout:
 
     def engine_actors(self) -> list:
         return get_one(self.manager.engine_actors.remote())
+
 
 class RayAsyncSource(BatchSource):
     """The loop's batch source under ``--ray --async``: each method one call to the producer on
