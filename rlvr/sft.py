@@ -84,7 +84,7 @@ def run_sft(cfg: Config, out_dir: str | Path, console: bool = True) -> Path:
                       response_ids=response, loss_mask=[1] * len(response))
 
     with MetricsLogger(run_dir, use_tensorboard=cfg.run.use_tensorboard) as logger, ConsoleProgress(
-        cfg.run.num_rollout, enabled=console
+        cfg.run.num_rollout, enabled=console, unit="sft step"
     ) as progress:
         for step in range(cfg.run.num_rollout):
             t0 = time.perf_counter()
@@ -97,7 +97,8 @@ def run_sft(cfg: Config, out_dir: str | Path, console: bool = True) -> Path:
                 logger.log({k: v for k, v in metrics.items() if k.startswith("eval/")}, "eval/step", step + 1)
                 stop = reached_target(evaluate.score(metrics), cfg.eval.sft_stop_score)
             last = stop or step + 1 == cfg.run.num_rollout
-            progress.advance(step, metrics, show=step % SFT_LOG_EVERY == 0 or last or "perf/eval_time" in metrics)
+            progress.advance(step, metrics, show=step % SFT_LOG_EVERY == 0 or last or "perf/eval_time" in metrics,
+                             label=step + 1)  # steps done, as eval/step counts them
             if cfg.run.save_interval and (step + 1) % cfg.run.save_interval == 0 and not last:
                 save_hf(trainer.model, tokenizer, Path(out_dir) / f"step_{step + 1:06d}")
             if stop:

@@ -29,14 +29,17 @@ def _num(value: Any, digits: int = 3) -> str:
     return f"{value:.{digits}f}" if value == 0 or abs(value) >= 10 ** -digits else f"{value:.2e}"
 
 
-def format_summary(rollout_id: int, metrics: dict[str, Any]) -> str:
-    """One line for one rollout; metrics that are absent (or None) are left out.
+def format_summary(rollout_id: int, metrics: dict[str, Any], unit: str = "rollout") -> str:
+    """One line for one rollout (or ``unit``, e.g. an SFT step); metrics that are absent (or None)
+    are left out.
 
     >>> format_summary(3, {"rollout/raw_reward": 0.5, "rollout/response_len/mean": 41.25,
     ...                    "train/kl_loss": 0.00012, "eval/gsm8k": 0.4, "perf/step_time": 2.5})
     'rollout 3 | reward 0.500 | len 41.2 | kl 1.20e-04 | eval gsm8k 0.400 | 2.5s'
+    >>> format_summary(25, {"train/loss": 0.9, "eval/val": 0.3}, unit="sft step")
+    'sft step 25 | loss 0.900 | eval val 0.300'
     """
-    parts = [f"rollout {rollout_id}"]
+    parts = [f"{unit} {rollout_id}"]
     reward = _first(metrics, "rollout/raw_reward", "rollout/rewards")
     if reward is not None:
         parts.append(f"reward {_num(reward)}")
@@ -61,12 +64,13 @@ def format_summary(rollout_id: int, metrics: dict[str, Any]) -> str:
 class ConsoleProgress:
     """Progress over rollouts ``start .. total_rollouts``; use as a context manager.
 
-    ``enabled=False`` prints nothing (e.g. on non-zero ranks). ``console`` is for tests.
+    ``enabled=False`` prints nothing (e.g. on non-zero ranks). ``console`` is for tests. ``unit``
+    names what is counted (``rlvr sft``: "sft step", its lines numbered by steps done).
     """
 
     def __init__(self, total_rollouts: int, start: int = 0, enabled: bool = True,
-                 console: Console | None = None):
-        self.total, self.start, self.enabled = total_rollouts, start, enabled
+                 console: Console | None = None, unit: str = "rollout"):
+        self.total, self.start, self.enabled, self.unit = total_rollouts, start, enabled, unit
         self.console = console or Console(highlight=False)
         self._progress: Progress | None = None
         self._task = None
@@ -74,20 +78,20 @@ class ConsoleProgress:
     def __enter__(self) -> "ConsoleProgress":
         if self.enabled and self.console.is_terminal:
             self._progress = Progress(
-                TextColumn("[bold]rollouts"), BarColumn(), MofNCompleteColumn(),
+                TextColumn(f"[bold]{self.unit}s"), BarColumn(), MofNCompleteColumn(),
                 TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
                 console=self.console,
             )
             self._progress.start()
-            self._task = self._progress.add_task("rollouts", total=self.total, completed=self.start)
+            self._task = self._progress.add_task(f"{self.unit}s", total=self.total, completed=self.start)
         return self
 
-    def advance(self, rollout_id: int, metrics: dict[str, Any], show: bool = True) -> None:
+    def advance(self, rollout_id: int, metrics: dict[str, Any], show: bool = True, label: int | None = None) -> None:
         """Move the bar to ``rollout_id + 1`` and, if ``show``, print the summary line of
-        ``rollout_id`` (SFT prints one line every N steps instead of thousands)."""
+        ``rollout_id`` (or numbered ``label``; SFT prints one line every N steps instead of thousands)."""
         if not self.enabled:
             return
-        line = format_summary(rollout_id, metrics)
+        line = format_summary(rollout_id if label is None else label, metrics, self.unit)
         if self._progress is not None:
             if show:
                 self._progress.console.print(line, markup=False, highlight=False)
