@@ -245,6 +245,7 @@ def test_ray_flags_validated(tiny_qwen2, arith_files):
         (["--ray", "--colocate", "--weight-sync", "broadcast"], "--weight-sync", "--colocate does not allow"),
         (["--ray", "--async", "--weight-sync", "broadcast"], "--weight-sync", "--async does not allow"),
         (["--weight-sync", "broadcast"], "--weight-sync", "only acts with --ray"),
+        (["--update-weight-buffer-size", "1024"], "--update-weight-buffer-size", "only acts with --ray"),
         (["--ray", "--actor-num-cpu-workers-per-node", "1", "--train-backend", "fsdp", "--lora-rank", "4",
           "--use-kl-loss", "--kl-loss-type", "token_level_kl"], "--kl-loss-type", "keeps sharded"),
     ]

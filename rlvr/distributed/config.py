@@ -28,6 +28,8 @@ from rlvr.errors import ConfigError
 from rlvr.fields import check_bounds, flag_of
 from rlvr.fields import option as _f
 
+UPDATE_WEIGHT_BUFFER_SIZE = 512 * 2**20  # slime's default bucket of a streamed weight update
+
 
 @dataclass
 class ClusterConfig:
@@ -51,7 +53,7 @@ class ClusterConfig:
                                   "GPUs, gloo on CPU; rlvr/distributed/broadcast.py), auto (broadcast for "
                                   "disaggregated GPU engines in a synchronous run without --use-fault-tolerance, "
                                   "else object_store)", ["auto", "object_store", "broadcast"])
-    update_weight_buffer_size: int = _f(512 * 2**20, "bytes per bucket of a broadcast weight sync (tensors of one "
+    update_weight_buffer_size: int = _f(UPDATE_WEIGHT_BUFFER_SIZE, "bytes per bucket of a broadcast weight sync (tensors of one "
                                                      "dtype flattened together)", ge=1)
 
     @property
@@ -86,6 +88,7 @@ class ClusterConfig:
         if not self.ray:
             placed = [n for n in ("ray_address", "check_weight_update_equal") if getattr(self, n)]
             placed += ["weight_sync"] * (self.weight_sync != "auto")
+            placed += ["update_weight_buffer_size"] * (self.update_weight_buffer_size != UPDATE_WEIGHT_BUFFER_SIZE)
             placed += [n for n in ("actor_num_nodes", "actor_num_cpu_workers_per_node") if getattr(self, n) != 1]
             placed += ["train_backend"] * (self.train_backend != "ddp")
             if placed:
