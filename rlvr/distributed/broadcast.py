@@ -97,7 +97,8 @@ class WeightBroadcast:
         self.bytes_sent = 0
 
     def send(self, named: Mapping[str, torch.Tensor], specs: list[TensorSpec], buffer_bytes: int) -> int:
-        """Rank 0: broadcast ``named`` (whole tensors, the ``specs``' names) bucket by bucket; returns the bytes sent."""
+        """Rank 0: broadcast ``named`` (whole tensors, the ``specs``' names) bucket by bucket;
+        returns the bytes sent."""
         sent = 0
         for bucket in buckets(specs, buffer_bytes):
             parts = [named[specs[i].name].detach().reshape(-1) for i in bucket]

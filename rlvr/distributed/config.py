@@ -53,8 +53,8 @@ class ClusterConfig:
                                   "GPUs, gloo on CPU; rlvr/distributed/broadcast.py), auto (broadcast for "
                                   "disaggregated GPU engines in a synchronous run without --use-fault-tolerance, "
                                   "else object_store)", ["auto", "object_store", "broadcast"])
-    update_weight_buffer_size: int = _f(UPDATE_WEIGHT_BUFFER_SIZE, "bytes per bucket of a broadcast weight sync (tensors of one "
-                                                     "dtype flattened together)", ge=1)
+    update_weight_buffer_size: int = _f(UPDATE_WEIGHT_BUFFER_SIZE, "bytes per bucket of a broadcast weight sync "
+                                                                   "(tensors of one dtype flattened together)", ge=1)
 
     @property
     def uses_gpus(self) -> bool:
