@@ -94,7 +94,6 @@ class WeightBroadcast:
             self.group = dist.ProcessGroupNCCL(store, rank, world_size, options)
         else:
             self.group = dist.ProcessGroupGloo(store, rank, world_size, timeout)
-        self.bytes_sent = 0
 
     def send(self, named: Mapping[str, torch.Tensor], specs: list[TensorSpec], buffer_bytes: int) -> int:
         """Rank 0: broadcast ``named`` (whole tensors, the ``specs``' names) bucket by bucket;
@@ -105,7 +104,6 @@ class WeightBroadcast:
             flat = torch.cat(parts).to(self.device) if len(parts) > 1 else parts[0].to(self.device).contiguous()
             self.group.broadcast(flat, 0).wait()
             sent += flat.numel() * flat.element_size()
-        self.bytes_sent += sent
         return sent
 
     def receive(self, specs: list[TensorSpec], buffer_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
