@@ -104,7 +104,7 @@ _add("ignored", "no_gradient_accumulation_fusion no_bias_swiglu_fusion no_bias_d
      "no_masked_softmax_fusion use_distributed_optimizer overlap_grad_reduce overlap_param_gather",
      "a Megatron kernel fusion or communication overlap; no effect on the numbers rlvr computes", takes_value=False,
      topic=_KERNEL)
-_add("ignored", "deterministic_mode", "rlvr on CPU is deterministic for a given --seed already", takes_value=False,
+_add("ignored", "deterministic_mode", "rlvr has no nondeterministic kernels to switch off; runs are still not bit-reproducible (the engine's batches form as requests arrive)", takes_value=False,
      topic=_KERNEL)
 _add("ignored", "attention_dropout hidden_dropout",
      "rlvr trains with the checkpoint's config.json dropout; 0 here matches RL practice (Qwen configs: 0)",
@@ -115,7 +115,7 @@ _add("ignored", "sglang_attention_backend sglang_chunked_prefill_size sglang_cud
      "sglang_router_ip sglang_router_port",
      "SGLang server tuning; the embedded engine decodes with transformers and has no such setting", topic=_SGLANG)
 _add("ignored", "sglang_enable_deterministic_inference sglang_disable_radix_cache sglang_enable_metrics",
-     "SGLang server tuning; the embedded engine is deterministic per --seed and caches no prefixes",
+     "SGLang server tuning; the embedded engine has no such switch (each request samples from its own seeded generator) and caches no prefixes",
      takes_value=False, topic=_SGLANG)
 _add("builtin", "use_slime_router", "rlvr always sends each request to the engine with the fewest outstanding "
      "requests (rlvr.engine.balance), slime's router policy", takes_value=False)
