@@ -23,6 +23,7 @@ when the group's timeout (10 minutes) runs out.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Iterator, Mapping
@@ -41,14 +42,11 @@ class TensorSpec:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
-        return self.numel * torch.empty((), dtype=self.dtype).element_size()
+        return self.numel * self.dtype.itemsize
 
 
 def specs_of(named: Mapping[str, torch.Tensor]) -> list[TensorSpec]:
@@ -85,7 +83,7 @@ class WeightBroadcast:
                  timeout: timedelta = timedelta(minutes=10)):
         from rlvr.device import process_group_backend
 
-        self.rank, self.world_size, self.device = rank, world_size, torch.device(device)
+        self.device = torch.device(device)
         store = dist.PrefixStore(STORE_PREFIX, dist.TCPStore(host, port, world_size, is_master=rank == 0,
                                                              timeout=timeout))
         if process_group_backend(self.device) == "nccl":

@@ -65,12 +65,7 @@ class EngineActor:
     def update_weights(self, stored: dict, version: int, with_checksum: bool) -> str | None:
         """Load weights read from the object store (``weight_sync.to_store``'s form)."""
         weights = from_store(stored)
-        self.engine.wake()  # asleep (colocated): restore the buffers first; awake: nothing to do
-        self.engine.update_weights(weights, version)
-        if not with_checksum:
-            return None
-        held = self.engine.model.state_dict()
-        return checksum({name: held[name] for name in weights})
+        return self._load(weights, list(weights), version, with_checksum)
 
     def join_broadcast(self, host: str, port: int, rank: int, world_size: int) -> None:
         """``--weight-sync broadcast``: join training rank 0's group as ``rank`` (1 + engine index)."""
@@ -80,12 +75,18 @@ class EngineActor:
 
     def receive_weights(self, specs: list, buffer_bytes: int, version: int, with_checksum: bool) -> str | None:
         """Load the weights rank 0 is broadcasting, bucket by bucket (``rlvr.distributed.broadcast``)."""
-        self.engine.wake()
-        self.engine.update_weights(self.broadcast.receive(specs, buffer_bytes), version)
+        return self._load(self.broadcast.receive(specs, buffer_bytes), [s.name for s in specs], version,
+                          with_checksum)
+
+    def _load(self, named, names: list[str], version: int, with_checksum: bool) -> str | None:
+        """``named`` (a mapping or a stream of pairs) into the engine; with ``with_checksum`` the
+        checksum of what it then holds under ``names``."""
+        self.engine.wake()  # asleep (colocated): restore the buffers first; awake: nothing to do
+        self.engine.update_weights(named, version)
         if not with_checksum:
             return None
         held = self.engine.model.state_dict()
-        return checksum({s.name: held[s.name] for s in specs})
+        return checksum({name: held[name] for name in names})
 
     def abort(self, rid: str | None = None) -> None:
         self.engine.abort(rid)
