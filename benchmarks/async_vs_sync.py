@@ -36,11 +36,11 @@ from pathlib import Path
 
 import torch
 
-from rlvr.config import parse_config
+from rlvr.runtime.configure import parse_config
 from rlvr.data.arith import make_splits, write_jsonl
-from rlvr.demo import ASSETS, prepare_assets
-from rlvr.loop import run
-from rlvr.sft import run_sft
+from rlvr.entrypoints.demo import ASSETS, prepare_assets
+from rlvr.runtime.loop import run
+from rlvr.entrypoints.sft import run_sft
 from rlvr.observe import read_metrics
 
 TAIL_FRACTION, TAIL_K = 0.15, (6, 30)

@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 
 from rlvr.models.tiny import build_tiny_model
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 
 # "tiny": the demo's model shape (NOTES.md: 4 layers, hidden 256, 2.7M parameters);
 # "20m": the same family scaled to ~19M parameters.

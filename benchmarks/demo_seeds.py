@@ -1,7 +1,7 @@
 """The demo with several seeds: ``rlvr demo --seed N`` for each, one JSON line per seed.
 
 Each seed changes the bootstrap's data order and training seed and GRPO's prompt order and
-sampling (``rlvr.demo``); a seed's bootstrap goes to ``examples/arith/assets/seed-N/sft`` and its
+sampling (``rlvr.entrypoints.demo``); a seed's bootstrap goes to ``examples/arith/assets/seed-N/sft`` and its
 GRPO run to ``runs/arith-grpo-seed-N`` (the default seed, ``--seeds default``, uses the demo's own
 ``assets/sft`` and ``runs/arith-grpo``). A bootstrap already built is reused, so time the bootstrap
 by removing it first (``--fresh``). Reported per seed: the bootstrap's SFT steps and validation
@@ -28,12 +28,12 @@ LINE = re.compile(r"demo: held-out accuracy ([\d.]+) -> ([\d.]+) \(([+-][\d.]+) 
 
 def run_seed(seed: str, fresh: bool) -> dict:
     sys.path.insert(0, str(ROOT))
-    from rlvr.demo import BOOTSTRAP_FILE, sft_dir
+    from rlvr.entrypoints.demo import BOOTSTRAP_FILE, sft_dir
 
     n = None if seed == "default" else int(seed)
     if fresh and (ROOT / sft_dir(n)).exists():
         shutil.rmtree(ROOT / sft_dir(n))
-    cmd = [sys.executable, "-m", "rlvr.cli", "demo", *([] if n is None else ["--seed", str(n)])]
+    cmd = [sys.executable, "-m", "rlvr", "demo", *([] if n is None else ["--seed", str(n)])]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     match = LINE.search(proc.stdout)

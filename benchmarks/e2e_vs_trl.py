@@ -10,7 +10,7 @@ nearly all run to the 32-token limit (then there is little padding for either si
 Each side uses its own recommended batching: rlvr ``--use-dynamic-batch-size --max-tokens-per-gpu
 4096`` (packed), TRL one micro-batch of 64 (``per_device_train_batch_size 64``).
 
-rlvr runs its real loop (``rlvr.loop.run``: rollout through the embedded engine, reward, train
+rlvr runs its real loop (``rlvr.runtime.loop.run``: rollout through the embedded engine, reward, train
 step, weight sync to the engine); TRL runs ``GRPOTrainer.train``. Time per step is measured the
 same way on both sides: wall time between the ends of consecutive steps (rlvr: the ``time`` of
 consecutive ``rollout/step`` records; TRL: consecutive ``on_step_end`` callbacks). One-time costs
@@ -45,8 +45,8 @@ N_PROMPTS, N_SAMPLES, MAX_NEW = 8, 8, 32
 
 def run_rlvr(model: Path, data: Path, out: Path, steps: int) -> tuple[list[float], list[float]]:
     import rlvr.observe.run_files
-    from rlvr.config import parse_config
-    from rlvr.loop import run
+    from rlvr.runtime.configure import parse_config
+    from rlvr.runtime.loop import run
 
     ends: list[tuple[float, float]] = []
 
@@ -77,7 +77,7 @@ def run_trl(model: Path, data: Path, out: Path, steps: int) -> tuple[list[float]
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlvr.jsonl import iter_objects
+    from rlvr.core.jsonl import iter_objects
     from rlvr.rewards import score
 
     rows = [{"prompt": r["prompt"], "label": str(r["label"])} for _, r in iter_objects(data)]
@@ -107,8 +107,8 @@ def sft_model(base: Path, data: Path, out: Path, steps: int) -> Path:
     """The base model after ``steps`` of rlvr's SFT on the arithmetic labels (made once)."""
     if (out / "config.json").is_file():
         return out
-    from rlvr.config import parse_config
-    from rlvr.sft import run_sft
+    from rlvr.runtime.configure import parse_config
+    from rlvr.entrypoints.sft import run_sft
 
     cfg = parse_config(["--hf-checkpoint", str(base), "--prompt-data", str(data), "--rollout-batch-size", "64",
                         "--num-rollout", str(steps), "--lr", "1e-3", "--adam-beta2", "0.999", "--clip-grad", "0",

@@ -94,9 +94,9 @@ class BudgetSpent(Exception):
 
 
 def run_rlvr(model: Path, data: Path, out: Path, budget: float, every: float, seed: int) -> None:
-    """rlvr's real loop (``rlvr.loop.run``), stopped once the budget is spent."""
-    from rlvr.config import parse_config
-    from rlvr.loop import Step, run
+    """rlvr's real loop (``rlvr.runtime.loop.run``), stopped once the budget is spent."""
+    from rlvr.runtime.configure import parse_config
+    from rlvr.runtime.loop import Step, run
 
     s, marks, steps = shared_settings(), WallMarks(budget, every), [0]
     cfg = parse_config([
@@ -132,7 +132,7 @@ def run_trl(model: Path, data: Path, out: Path, budget: float, every: float, see
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlvr.jsonl import iter_objects
+    from rlvr.core.jsonl import iter_objects
     from rlvr.rewards import score
 
     s, marks = shared_settings(), WallMarks(budget, every)
@@ -167,8 +167,8 @@ def run_trl(model: Path, data: Path, out: Path, budget: float, every: float, see
 
 def evaluate(checkpoint: Path, test: Path, train: Path, max_len: int) -> float:
     """The one shared evaluator: rlvr's ``run_eval``, greedy, on the held-out test split."""
-    from rlvr.config import parse_config
-    from rlvr.evaluate import run_eval
+    from rlvr.runtime.configure import parse_config
+    from rlvr.entrypoints.evaluate import run_eval
 
     cfg = parse_config(["--hf-checkpoint", str(checkpoint), "--prompt-data", str(train), "--rm-type", "math",
                         "--eval-prompt-data", "test", str(test), "--rollout-max-response-len", str(max_len)], rl=False)
@@ -228,7 +228,7 @@ def main() -> None:
         fn = run_rlvr if args.side == "rlvr" else run_trl
         return fn(Path(args.model), Path(args.data), Path(args.out), args.budget, args.mark_every, args.seed)
     if not (Path(args.model) / "config.json").is_file():
-        from rlvr.demo import prepare_assets
+        from rlvr.entrypoints.demo import prepare_assets
 
         prepare_assets()  # the demo's bootstrap (examples/arith/sft.yaml)
     root = Path(args.workdir or tempfile.mkdtemp(prefix="rlvr-learning-"))

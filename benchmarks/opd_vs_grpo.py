@@ -37,7 +37,7 @@ def _cli(*args: str) -> None:
 
 
 def _start(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "rlvr.cli", *args], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "rlvr", *args], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
@@ -119,7 +119,7 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=2, help="runs at a time, one torch thread each")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    from rlvr.demo import prepare_assets
+    from rlvr.entrypoints.demo import prepare_assets
 
     prepare_assets(console=False)
     grpo_args = train_args("grpo", args.rollouts, args.eval_interval, [])
@@ -146,7 +146,7 @@ def main() -> None:
 
 def arm_eval(checkpoint: Path) -> dict[str, float]:
     """Greedy test and validation accuracy of a checkpoint (``rlvr eval``)."""
-    proc = subprocess.run([sys.executable, "-m", "rlvr.cli", "eval", "--hf-checkpoint", str(checkpoint),
+    proc = subprocess.run([sys.executable, "-m", "rlvr", "eval", "--hf-checkpoint", str(checkpoint),
                            "--eval-prompt-data", "arith", str(ASSETS / "test.jsonl"), "val", str(ASSETS / "val.jsonl"),
                            "--rollout-max-response-len", "8", "--rm-type", "math"],
                           cwd=ROOT, env=ENV, capture_output=True, text=True)

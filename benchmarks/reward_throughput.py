@@ -93,7 +93,7 @@ def main() -> None:
     pinned = pin_to_one_core()
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     from rlvr.rewards import Grader, RewardConfig
-    from rlvr.types import Sample
+    from rlvr.core.types import Sample
 
     grader = Grader(RewardConfig(rm_type=args.rm_type))  # the rollout's own path, failures contained
     samples = [Sample("", [], label=label, response=response) for response, label in build_responses(

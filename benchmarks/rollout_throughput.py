@@ -40,7 +40,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlvr.data.arith import make_splits
-from rlvr.demo import TINY_MODEL
+from rlvr.entrypoints.demo import TINY_MODEL
 from rlvr.engine.base import GenerateRequest, SamplingParams
 from rlvr.engine.embedded import EmbeddedEngine
 from rlvr.models.tiny import build_tiny_model

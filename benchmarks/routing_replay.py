@@ -34,7 +34,7 @@ def main() -> None:
     from rlvr.train import routing_replay
     from rlvr.train.packing import response_log_probs
     from rlvr.train.trainer import load_policy
-    from rlvr.types import Sample
+    from rlvr.core.types import Sample
 
     path = build_tiny_model(tempfile.mkdtemp(prefix="r3-"), arch="qwen3_moe", hidden_size=128, intermediate_size=256,
                             num_layers=4, num_heads=4, num_kv_heads=2, num_experts=16, num_experts_per_tok=2)

@@ -35,7 +35,7 @@ def child(model: str, kl_type: str, chunk: int) -> None:
     from rlvr.config import TrainConfig
     from rlvr.train.memory import peak_memory_gb, reset_peak_memory
     from rlvr.train.trainer import Trainer
-    from rlvr.types import Sample
+    from rlvr.core.types import Sample
     from train_memory import rss_gb
 
     rng = random.Random(0)

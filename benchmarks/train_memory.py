@@ -55,7 +55,7 @@ def child(model: str, recompute: bool, lora_rank: int, kl: bool, tokens: int, wi
     from rlvr.config import TrainConfig
     from rlvr.train.memory import peak_memory_gb, reset_peak_memory
     from rlvr.train.trainer import Trainer
-    from rlvr.types import Sample
+    from rlvr.core.types import Sample
 
     rng = random.Random(0)
     samples = []
@@ -71,7 +71,7 @@ def child(model: str, recompute: bool, lora_rank: int, kl: bool, tokens: int, wi
     algo = AlgoConfig(use_kl_loss=kl, kl_loss_coef=0.001 if kl else 0.0, kl_loss_type="low_var_kl")
     trainer = Trainer(cfg, algo, n_samples_per_prompt=4)
     engine = None
-    if with_engine:  # what local `rlvr train` builds: rlvr.build.embedded_engine on the trainer's model
+    if with_engine:  # what local `rlvr train` builds: rlvr.runtime.build.embedded_engine on the trainer's model
         from rlvr.engine.embedded import EmbeddedEngine
 
         engine = EmbeddedEngine(trainer.model, pad_token_id=0, seed=0)

@@ -69,7 +69,7 @@ def main() -> None:
     if a.local:
         return local(a.model, a.lora_rank or 16, a.repeats)
 
-    from rlvr.config import parse_config
+    from rlvr.runtime.configure import parse_config
     from rlvr.data.arith import make_splits, write_jsonl
     from rlvr.distributed import start_on_ray
 

@@ -90,7 +90,7 @@ def gpu_tests(timeout: int) -> dict:
 
 
 def demo(timeout: int) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "rlvr.cli", "demo", "--device", "cuda"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "rlvr", "demo", "--device", "cuda"], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
     lines = [x for x in proc.stdout.splitlines() if x.startswith("demo:")]
     if proc.returncode != 0 or not lines:
@@ -165,7 +165,7 @@ def rollout_bench(ckpt: str) -> dict:
 
 
 def random_samples(n: int, prompt_len: int, response_len: int, group: int, seed: int = 0):
-    from rlvr.types import Sample
+    from rlvr.core.types import Sample
 
     rng = random.Random(seed)
     out = []
@@ -206,14 +206,14 @@ def colocated_cycle(ckpt: str) -> dict:
     from transformers import AutoTokenizer
 
     from rlvr.algo import AlgoConfig
-    from rlvr.colocate import Colocated
+    from rlvr.runtime.colocate import Colocated
     from rlvr.config import TrainConfig
     from rlvr.engine.base import GenerateRequest, SamplingParams
     from rlvr.engine.embedded import EmbeddedEngine
     from rlvr.train.memory import peak_memory_gb
     from rlvr.train.packing import response_log_probs
     from rlvr.train.trainer import Trainer
-    from rlvr.types import Sample
+    from rlvr.core.types import Sample
 
     tok = AutoTokenizer.from_pretrained(ckpt)
     cfg = TrainConfig(hf_checkpoint=ckpt, bf16=True, use_dynamic_batch_size=True, max_tokens_per_gpu=16384, lr=1e-6)

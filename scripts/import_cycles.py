@@ -1,11 +1,13 @@
-"""Import cycles between rlvr modules, lazy (function-level) imports included.
+"""The layer rule of docs/design.md: rlvr's imports point down the declared layers, and no module
+imports itself back through others (a cycle), lazy (function-level) imports included.
 
-Prints every strongly connected component of the module import graph that holds more than one
-module, marking those that span more than one folder; exits 1 when any spans folders (the layout
-rule of docs/design.md: arrows between folders point one way). Imports under
-``if TYPE_CHECKING:`` are not run, so they do not count.
+``LAYERS`` lists the packages from the top (what a user runs) to the bottom (types and errors).
+A module may import any module of its own layer or of a lower one; an import of a higher layer
+is an upward arrow. Every module of ``rlvr`` must sit in a declared layer. Imports under
+``if TYPE_CHECKING:`` are not run, so they do not count. Prints every upward arrow and every
+cycle with the file:line of each import involved; exits 1 when there is any.
 
-    python scripts/import_cycles.py [--all]
+    python scripts/import_cycles.py
 """
 
 from __future__ import annotations
@@ -16,10 +18,33 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "rlvr"
 
+# top to bottom; packages in one row are peers (they may import each other, without a cycle)
+LAYERS: list[list[str]] = [
+    ["rlvr.entrypoints", "rlvr.__main__"],  # the rlvr command and its sub-commands
+    ["rlvr.runtime", "rlvr.distributed"],  # the driver, builders, batch sources; the same on Ray
+    ["rlvr.rollout"],  # prompt groups -> samples: engines, agents, rewards, filters
+    ["rlvr.agents", "rlvr.train"],  # multi-turn generation; the trainer
+    ["rlvr.engine", "rlvr.rewards"],  # token generation; verifiers
+    ["rlvr.algo", "rlvr.data", "rlvr.models", "rlvr.observe"],  # maths, datasets, model code, metrics
+    ["rlvr.config"],  # declarative config: fields, groups, parsing
+    ["rlvr.compat"],  # other systems' flag names, paths and plugin signatures
+    ["rlvr.core"],  # types, errors, registry, small I/O helpers
+]
+UNLAYERED = {"rlvr"}  # the package itself: a docstring and __version__
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+
+def module_name(path: Path, root: Path | None = None) -> str:
+    root = ROOT if root is None else root
+    parts = path.relative_to(root.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer_of(module: str, layers: list[list[str]] = LAYERS) -> int | None:
+    """Index of the module's layer (0 = top), None when no declared package holds it."""
+    for i, row in enumerate(layers):
+        if any(module == p or module.startswith(p + ".") for p in row):
+            return i
+    return None
 
 
 def _type_checking_lines(tree: ast.AST) -> set[int]:
@@ -31,33 +56,37 @@ def _type_checking_lines(tree: ast.AST) -> set[int]:
     return lines
 
 
-def imports_of(path: Path, modules: set[str]) -> set[str]:
+def _imported_names(node: ast.AST, package: str) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:
+            pkg = package.split(".")[: len(package.split(".")) - node.level + 1]
+            base = ".".join(pkg + ([base] if base else []))
+        return [f"{base}.{a.name}" for a in node.names] + [base]
+    return []
+
+
+def imports_of(path: Path, modules: set[str], root: Path | None = None) -> dict[str, int]:
+    """{imported rlvr module: line of its first import} of one file."""
     tree = ast.parse(path.read_text())
     skip = _type_checking_lines(tree)
-    me = module_name(path)
+    me = module_name(path, root)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
-    out: set[str] = set()
+    out: dict[str, int] = {}
     for node in ast.walk(tree):
         if getattr(node, "lineno", None) in skip:
             continue
-        names: list[str] = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                pkg = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(pkg + ([base] if base else []))
-            names = [f"{base}.{a.name}" for a in node.names] + [base]
-        for name in names:
+        for name in _imported_names(node, package):
             while name and name not in modules:  # `from pkg import mod` or `from mod import fn`
                 name = name.rpartition(".")[0]
-            if name and name != me:
-                out.add(name)
+            if name and name != me and name not in out:
+                out[name] = node.lineno
     return out
 
 
-def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+def strongly_connected(graph: dict[str, dict[str, int]]) -> list[list[str]]:
     index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
 
     def visit(v: str) -> None:  # Tarjan
@@ -88,27 +117,33 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def folder(module: str, packages: set[str]) -> str:
-    return module if module in packages else module.rpartition(".")[0]
+def violations(root: Path = ROOT, layers: list[list[str]] = LAYERS) -> tuple[list[str], list[str], int]:
+    """(upward arrows and unlayered modules, cycles, number of modules), each as printable lines."""
+    paths = {module_name(p, root): p for p in sorted(root.rglob("*.py"))}
+    graph = {m: imports_of(p, set(paths), root) for m, p in paths.items()}
+    where = {m: str(p.relative_to(root.parent)) for m, p in paths.items()}
+    upward = [f"{where[m]}: not in a declared layer (add its package to LAYERS)"
+              for m in graph if m not in UNLAYERED and layer_of(m, layers) is None]
+    for m, imported in graph.items():
+        mine = layer_of(m, layers)
+        for other, line in imported.items():
+            theirs = layer_of(other, layers)
+            if mine is not None and theirs is not None and theirs < mine:
+                upward.append(f"{where[m]}:{line}: {m} imports {other}, a higher layer")
+    cycles = []
+    for comp in strongly_connected(graph):
+        if len(comp) > 1:
+            edges = [f"{where[a]}:{graph[a][b]} -> {b}" for a in comp for b in comp if b in graph[a]]
+            cycles.append("cycle " + " <-> ".join(comp) + "\n    " + "\n    ".join(edges))
+    return upward, cycles, len(graph)
 
 
 def main(argv: list[str]) -> int:
-    paths = sorted(ROOT.rglob("*.py"))
-    modules = {module_name(p) for p in paths}
-    packages = {module_name(p) for p in paths if p.name == "__init__.py"}
-    graph = {module_name(p): imports_of(p, modules) for p in paths}
-    bad = 0
-    for comp in strongly_connected(graph):
-        if len(comp) < 2:
-            continue
-        folders = {folder(m, packages) for m in comp}
-        # A package's __init__ importing its own modules is one folder, not a cycle across folders.
-        crosses = len(folders) > 1
-        bad += crosses
-        if crosses or "--all" in argv:
-            print(("ACROSS FOLDERS: " if crosses else "within a folder: ") + " <-> ".join(comp))
-    print(f"{len(graph)} modules; {bad} import cycle(s) across folders")
-    return 1 if bad else 0
+    upward, cycles, n = violations()
+    for line in upward + cycles:
+        print(line)
+    print(f"{n} modules; {len(cycles)} import cycle(s); {len(upward)} upward import(s)")
+    return 1 if upward or cycles else 0
 
 
 if __name__ == "__main__":

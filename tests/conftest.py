@@ -11,7 +11,7 @@ import pytest
 
 from rlvr.data.arith import make_splits, write_jsonl
 from rlvr.models.tiny import build_tiny_model
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` need CUDA: skipped (with the reason) on a machine without it."""

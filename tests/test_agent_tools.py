@@ -19,7 +19,7 @@ import pytest
 
 from rlvr.agents.tools import PythonTool, parse_tool_calls, run_tool, tool_schema
 from rlvr.engine.base import GenerateResult
-from rlvr.types import Status
+from rlvr.core.types import Status
 
 
 def multiply(a: int, b: int) -> int:
@@ -106,7 +106,7 @@ def test_bad_calls_are_error_observations():
 
 def _agent(tiny_qwen2, script, tools="tests.test_agent_tools:TOOLS", **agent_kw):
     from rlvr.agents.hooks import Agent
-    from rlvr.build import load_tokenizer
+    from rlvr.runtime.build import load_tokenizer
     from rlvr.config import Config
     from rlvr.data.dataset import DataSource, PromptRecord
     from rlvr.rewards import Grader, RewardConfig
@@ -201,7 +201,7 @@ def _driver(spec: dict) -> None:
     for d in spec["fence"].values():
         Path(d, "cgroup.procs").write_text(str(os.getpid()))
     sys.path.insert(0, spec["root"])
-    from rlvr.rewards.config import RewardConfig
+    from rlvr.config.reward import RewardConfig
 
     rollout, _, _ = _agent(spec["ckpt"], spec["script"], tools="tests.test_agent_tools:SANDBOXED")
     rollout.agent.tools["python"].configure(type("C", (), {"reward": RewardConfig(**spec["limits"])})())

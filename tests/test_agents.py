@@ -5,13 +5,13 @@ import asyncio
 import pytest
 import torch
 
-from rlvr.agents.engine import EngineHandle
+from rlvr.agents.session import EngineHandle
 from rlvr.agents.turns import ChatTurns
 from rlvr.algo import AlgoConfig
 from rlvr.config import TrainConfig
-from rlvr.errors import ConfigError
+from rlvr.core.errors import ConfigError
 from rlvr.train.trainer import Trainer
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 
 
 def test_append_segment_keeps_the_invariants_and_names_the_sample():
@@ -154,7 +154,7 @@ async def two_turn_generate(args, sample, sampling_params):
     """Turn 1 (3 tokens), a tool observation, turn 2 (300 tokens while the agent's ``long_turn``).
     It never looks at the finish reason: the handle's abort marks the sample aborted anyway."""
     from rlvr.agents import context
-    from rlvr.types import Status
+    from rlvr.core.types import Status
 
     ctx = context()
     out = await ctx.engine.generate(sample.prompt_ids, dict(sampling_params, max_new_tokens=3, stop_token_ids=[]))
@@ -174,13 +174,13 @@ def test_abort_in_the_middle_of_a_multi_turn_sample_regenerates_it(tiny_qwen2):
     comes back ABORTED (not graded, never trained), and the next run of its group (the partial
     rollout buffer, the async retry queue) regenerates it from the prompt with an intact mask."""
     from rlvr.agents.hooks import Agent
-    from rlvr.build import load_tokenizer
+    from rlvr.runtime.build import load_tokenizer
     from rlvr.config import Config, RolloutConfig
     from rlvr.data.dataset import DataSource, PromptRecord
     from rlvr.engine.embedded import EmbeddedEngine
     from rlvr.rewards import Grader, RewardConfig
     from rlvr.rollout.rollout import Rollout
-    from rlvr.types import Status
+    from rlvr.core.types import Status
 
     tok = load_tokenizer(str(tiny_qwen2))
     engine = EmbeddedEngine(str(tiny_qwen2), pad_token_id=tok.pad_token_id, seed=1, tokenizer=tok)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rlvr.agents import context
-from rlvr.types import RolloutBatch, Sample, Status
+from rlvr.core.types import RolloutBatch, Sample, Status
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,7 +77,7 @@ def train_args(ckpt, arith_files, out, *extra) -> list[str]:
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "rlvr.cli", *args], capture_output=True, text=True, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "rlvr", *args], capture_output=True, text=True, cwd=ROOT,
                           env=env, timeout=600)
 
 
@@ -138,8 +138,8 @@ def test_rollout_function_trains_and_evaluates_through_the_cli(tiny_qwen2, arith
 
 
 def test_hook_paths_are_checked_at_parse_time(tiny_qwen2, arith_files, tmp_path):
-    from rlvr.config import parse_config
-    from rlvr.errors import ConfigError
+    from rlvr.runtime.configure import parse_config
+    from rlvr.core.errors import ConfigError
 
     base = train_args(tiny_qwen2, arith_files, tmp_path / "run")[1:]
     with pytest.raises(ConfigError, match="--custom-generate-function-path"):
@@ -168,7 +168,7 @@ def ray_cluster():
 def test_hooks_train_under_ray(ray_cluster, tiny_qwen2, arith_files, tmp_path, hook, mode):
     """Both functions run on the rollout manager actor (2 engine actors, session affinity), in
     training and eval; under --async the producer runs there too."""
-    from rlvr.cli import main
+    from rlvr.entrypoints.cli import main
 
     out = tmp_path / "run"
     flag, fn = {"generate": ("--custom-generate-function-path", "generate"),

@@ -11,7 +11,7 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from rlvr.agents import context  # noqa: E402
-from rlvr.types import RolloutBatch, Status  # noqa: E402
+from rlvr.core.types import RolloutBatch, Status  # noqa: E402
 
 TOOL_SCHEMAS = [{"type": "function", "function": {
     "name": "multiply", "description": "Multiply two integers.",
@@ -70,9 +70,9 @@ def test_streaming_is_token_by_token_and_recorded_exactly(tiny_qwen2):
     """Against the real embedded engine: a streamed call's content arrives in many chunks while
     the engine is still decoding (its step counter moves between chunks), and the recorded tokens
     equal a non-streamed call's (greedy)."""
-    from rlvr.agents.engine import EngineHandle
+    from rlvr.agents.session import EngineHandle
     from rlvr.agents.hooks import Agent
-    from rlvr.build import load_tokenizer
+    from rlvr.runtime.build import load_tokenizer
     from rlvr.config import Config
     from rlvr.engine.embedded import EmbeddedEngine
 

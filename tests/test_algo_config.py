@@ -1,12 +1,22 @@
-"""AlgoConfig: slime defaults, choices from the registries, validation errors naming the flag."""
+"""AlgoConfig: slime defaults, choices from the registries, validation errors naming the flag.
+
+The config checks its declared bounds and rules (``AlgoConfig.validate``); the names that live in
+the registries are checked by ``rlvr.runtime.configure.check_algo``: both together are what
+``parse_config`` runs."""
 
 import dataclasses
 
 import pytest
 
 from rlvr.algo import ADVANTAGES, KL, AlgoConfig
-from rlvr.errors import ConfigError
-from rlvr.fields import choices_of
+from rlvr.core.errors import ConfigError
+from rlvr.config.fields import choices_of
+from rlvr.runtime.configure import NAMES, check_algo
+
+
+def _checked(cfg: AlgoConfig) -> AlgoConfig:
+    check_algo(cfg.validate())
+    return cfg
 
 
 def test_defaults_are_slimes():
@@ -21,9 +31,9 @@ def test_every_field_has_help_and_registry_choices():
     fields = {f.name: f for f in dataclasses.fields(AlgoConfig)}
     assert all(f.metadata.get("help") for f in fields.values())
     # Asked when a flag is parsed, so names registered later by user code are valid too.
-    assert choices_of(fields["advantage_estimator"]) == ADVANTAGES.names()
-    assert choices_of(fields["kl_loss_type"]) == [*KL.names(), "token_level_kl"]
-    assert choices_of(fields["tis_mode"]) == ["icepop", "tis"]
+    assert choices_of(fields["advantage_estimator"], NAMES) == ADVANTAGES.names()
+    assert choices_of(fields["kl_loss_type"], NAMES) == [*KL.names(), "token_level_kl"]
+    assert choices_of(fields["tis_mode"], NAMES) == ["icepop", "tis"]
 
 
 @pytest.mark.parametrize(
@@ -45,10 +55,10 @@ def test_every_field_has_help_and_registry_choices():
 )
 def test_validate_names_the_flag(kwargs, flag):
     with pytest.raises(ConfigError) as e:
-        AlgoConfig(**kwargs).validate()
+        _checked(AlgoConfig(**kwargs))
     assert e.value.flag == flag and str(e.value).startswith(flag + ": ")
 
 
 def test_unknown_estimator_message_lists_valid_ones():
     with pytest.raises(ConfigError, match="valid: cispo, dcpo, grpo, gspo, ppo"):
-        AlgoConfig(advantage_estimator="grpo++").validate()
+        _checked(AlgoConfig(advantage_estimator="grpo++"))

@@ -8,7 +8,7 @@ import torch
 
 from rlvr.algo import AlgoConfig, apply_corrections, load_custom_tis_function, opsm_mask, tis_weights
 from rlvr.algo import score_centering_loss
-from rlvr.errors import ConfigError
+from rlvr.core.errors import ConfigError
 
 P0 = torch.log(torch.tensor([[4.0, 1.0, 0.25, 0.5]]))  # rho = p0 / q with q = 1
 Q = torch.zeros(1, 4)

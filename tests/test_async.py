@@ -9,12 +9,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlvr.config import RolloutConfig, parse_config
+from rlvr.config import RolloutConfig
+
+from rlvr.runtime.configure import parse_config
 from rlvr.data.dataset import DataSource, PromptRecord
 from rlvr.engine.embedded import EmbeddedEngine
-from rlvr.errors import ConfigError
-from rlvr.build import load_tokenizer
-from rlvr.loop import run
+from rlvr.core.errors import ConfigError
+from rlvr.runtime.build import load_tokenizer
+from rlvr.runtime.loop import run
 from rlvr.observe import read_metrics
 from rlvr.rewards import Grader, RewardConfig
 from rlvr.rollout.producer import AsyncProducer
@@ -163,7 +165,7 @@ def test_async_checkpoint_keeps_untrained_groups_and_resume_trains_each_once(tin
     """An async checkpoint puts the groups in flight or ready back in the data source's buffer;
     a run resumed from it (the later rollouts logged by the first run are cut) re-generates them,
     and over the whole history every drawn group is trained exactly once."""
-    from rlvr.checkpoint import find_checkpoint, read_run_state
+    from rlvr.runtime.checkpoint import find_checkpoint, read_run_state
 
     out = tmp_path / "run"
     flags = ["--async", "--max-staleness", "1", "--rollout-concurrency", "8", "--save-interval", "2"]

@@ -1,7 +1,7 @@
 import pytest
 
-from rlvr.config import parse_config
-from rlvr.errors import ConfigError
+from rlvr.runtime.configure import parse_config
+from rlvr.core.errors import ConfigError
 
 
 @pytest.fixture()
@@ -80,7 +80,7 @@ def test_lr_follows_the_schedule_in_training(tiny_qwen2):
     from rlvr.algo import AlgoConfig
     from rlvr.config import TrainConfig
     from rlvr.train.trainer import Trainer
-    from rlvr.types import Sample
+    from rlvr.core.types import Sample
 
     tr = Trainer(TrainConfig(hf_checkpoint=str(tiny_qwen2), lr=1.0e-3, min_lr=0.0, lr_decay_style="linear"),
                  AlgoConfig(), total_steps=3)
@@ -140,7 +140,7 @@ def test_engine_flags_are_the_engine_group_with_declared_bounds(base, tmp_path):
     ("--rollout-health-check-timeout", "0", "must be > 0, got 0.0"),
 ])
 def test_declared_bounds_are_enforced_and_shown_in_help(base, flag, value, message, capsys):
-    """One declaration per field: validation and --help read the same bounds (rlvr.fields)."""
+    """One declaration per field: validation and --help read the same bounds (rlvr.config.fields)."""
     with pytest.raises(ConfigError) as e:
         parse_config(base + [flag, value])
     assert str(e.value) == f"{flag}: {message}"

@@ -4,7 +4,7 @@ import pytest
 
 from rlvr.data.arith import make_splits
 from rlvr.data.dataset import DataSource, read_prompts, render_prompt
-from rlvr.errors import DataError
+from rlvr.core.errors import DataError
 from tests.conftest import write_lines
 
 
@@ -134,8 +134,8 @@ def test_over_long_prompts_dropped_and_counted_never_truncated(tmp_path, tiny_qw
 def test_chat_template_kwargs_reach_the_template(tiny_qwen2, tmp_path):
     from transformers import AutoTokenizer
 
-    from rlvr.config import parse_config
-    from rlvr.errors import ConfigError
+    from rlvr.runtime.configure import parse_config
+    from rlvr.core.errors import ConfigError
 
     tok = AutoTokenizer.from_pretrained(tiny_qwen2)
     tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}{% if greeting %}!{% endif %}"
@@ -184,7 +184,7 @@ def test_open_dataset_memory_is_independent_of_row_size(tmp_path):
 
 def test_per_source_metrics(tmp_path):
     from rlvr.rollout.rollout import rollout_metrics
-    from rlvr.types import Sample, Status
+    from rlvr.core.types import Sample, Status
 
     samples = [Sample("p", [1], metadata={"source_name": "gsm8k"}, reward=1.0, response_ids=[1, 2]),
                Sample("p", [1], metadata={"source_name": "gsm8k"}, reward=0.0, response_ids=[1, 2, 3, 4],

@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlvr.cli import main
-from rlvr.errors import ConfigError
-from rlvr.types import RolloutBatch
+from rlvr.entrypoints.cli import main
+from rlvr.core.errors import ConfigError
+from rlvr.core.types import RolloutBatch
 
 
 def records(run_dir: Path, step_key: str) -> list[dict]:
@@ -58,7 +58,7 @@ def test_debug_rollout_only_samples_without_training(tiny_qwen2, arith_files, tm
 
 
 def test_debug_flags_validated(tiny_qwen2, arith_files, tmp_path):
-    from rlvr.config import parse_config
+    from rlvr.runtime.configure import parse_config
 
     common = ["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(arith_files[0])]
     with pytest.raises(ConfigError, match="--debug-train-only: needs --load-debug-rollout-data"):
@@ -77,7 +77,7 @@ def test_eval_sampling_flags_reach_the_engine(tiny_qwen2, arith_files, tmp_path)
     """--eval-top-k 1 at temperature 1 draws the argmax: the same responses as greedy eval; and
     pass@k / truncated_ratio are reported per set."""
     from rlvr.config import build_config
-    from rlvr.evaluate import run_eval
+    from rlvr.entrypoints.evaluate import run_eval
 
     small = tmp_path / "test.jsonl"
     small.write_text("".join(arith_files[1].read_text().splitlines(keepends=True)[:24]))

@@ -11,13 +11,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlvr.cli import main
-from rlvr.config import parse_config
-from rlvr.device import resolve
+from rlvr.entrypoints.cli import main
+from rlvr.runtime.configure import parse_config
+from rlvr.core.device import resolve
 from rlvr.engine import kv
 from rlvr.engine.base import GenerateRequest, SamplingParams
 from rlvr.engine.embedded import EmbeddedEngine, kv_budget_from_fraction
-from rlvr.errors import ConfigError
+from rlvr.core.errors import ConfigError
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only machine's messages")
 
@@ -137,7 +137,7 @@ def test_a_request_over_the_kv_budget_ends_with_an_error_others_go_on(model_and_
 
 def test_mem_fraction_is_of_host_memory_on_cpu(model_and_tok):
     model, _ = model_and_tok
-    from rlvr.device import module_bytes, total_memory_bytes
+    from rlvr.core.device import module_bytes, total_memory_bytes
 
     total = total_memory_bytes(torch.device("cpu"))
     assert kv_budget_from_fraction(0.5, model, torch.device("cpu")) == int(0.5 * total) - module_bytes(model)
@@ -170,7 +170,7 @@ def test_every_tensor_of_the_engine_and_trainer_names_its_device(tiny_qwen2):
     from rlvr.algo import AlgoConfig
     from rlvr.config import TrainConfig
     from rlvr.train.trainer import Trainer
-    from rlvr.types import Sample
+    from rlvr.core.types import Sample
 
     tr = Trainer(TrainConfig(hf_checkpoint=str(tiny_qwen2), bf16=True), AlgoConfig(use_kl_loss=True, kl_loss_coef=0.01),
                  n_samples_per_prompt=4, global_batch_size=4, device="cpu")
@@ -200,10 +200,10 @@ def test_colocated_hands_the_device_back_and_forth(tiny_qwen2):
     """Local --colocate's hand-offs: training puts the engine to sleep; handing the weights over
     frees the trainer's gradients, moves AdamW's state to the host and wakes the engine."""
     from rlvr.algo import AlgoConfig
-    from rlvr.colocate import Colocated
+    from rlvr.runtime.colocate import Colocated
     from rlvr.config import TrainConfig
     from rlvr.train.trainer import Trainer
-    from rlvr.types import Sample
+    from rlvr.core.types import Sample
 
     tr = Trainer(TrainConfig(hf_checkpoint=str(tiny_qwen2), lr=1e-2), AlgoConfig(), n_samples_per_prompt=4,
                  device="cpu")

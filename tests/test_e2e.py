@@ -13,7 +13,7 @@ from tests.conftest import SMALL, write_lines
 
 
 def rlvr(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlvr.cli", *args], capture_output=True, text=True, cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "rlvr", *args], capture_output=True, text=True, cwd=cwd,
                           timeout=600)
 
 
@@ -73,7 +73,7 @@ def test_cli_errors_name_the_line_key_and_valid_values(tiny_qwen2, tmp_path):
 
 
 def test_second_run_in_the_same_directory_archives_the_first(tiny_qwen2, arith_files, tmp_path):
-    from rlvr.cli import main
+    from rlvr.entrypoints.cli import main
 
     args = ["train", "--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(arith_files[0]),
             "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "3",
@@ -86,7 +86,7 @@ def test_second_run_in_the_same_directory_archives_the_first(tiny_qwen2, arith_f
 
 
 def test_eval_command_prints_a_table(tiny_qwen2, arith_files, capsys):
-    from rlvr.cli import main
+    from rlvr.entrypoints.cli import main
 
     assert main(["eval", "--hf-checkpoint", str(tiny_qwen2), "--eval-prompt-data", "arith", str(arith_files[1]),
                  "--rollout-max-response-len", "3"]) == 0

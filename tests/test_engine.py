@@ -91,7 +91,7 @@ import threading  # noqa: E402
 import time  # noqa: E402
 
 from rlvr.train.trainer import response_log_probs  # noqa: E402
-from rlvr.types import Sample  # noqa: E402
+from rlvr.core.types import Sample  # noqa: E402
 
 
 def _arith_prompts(tok, k):
@@ -101,7 +101,7 @@ def _arith_prompts(tok, k):
 def test_trainer_recomputes_engine_log_probs_exactly(setup, tiny_qwen2):
     """Acceptance: the trainer's log-probs of the sampled tokens match the engine's (float32):
     mean |diff| <= 1e-5, max <= 1e-3, through joins, departures and shared prefills."""
-    from rlvr.algo.config import AlgoConfig
+    from rlvr.config.algo import AlgoConfig
     from rlvr.config import TrainConfig
     from rlvr.train.trainer import Trainer
 

@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from rlvr.algo import ADVANTAGES, AlgoConfig, estimator_of, policy_loss_name, register_estimator
-from rlvr.cli import main
-from rlvr.config import parse_config
-from rlvr.errors import ConfigError
+from rlvr.algo.advantages import estimator_name
+from rlvr.entrypoints.cli import main
+from rlvr.runtime.configure import check_algo, parse_config
+from rlvr.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,13 +93,13 @@ def test_custom_advantage_function_path_in_a_fresh_process(tiny_qwen2, arith_fil
     (so Ray actors and subprocesses get it too); the traits it registered are honoured."""
     (tmp_path / "my_estimators.py").write_text(textwrap.dedent(PLUGIN))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
-    cmd = [sys.executable, "-m", "rlvr.cli", "train",
+    cmd = [sys.executable, "-m", "rlvr", "train",
            *_args(tiny_qwen2, arith_files[0], tmp_path / "run", "--custom-advantage-function-path",
                   "my_estimators:group_centered")]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     saved = (tmp_path / "run" / "config.yaml").read_text()
-    assert "advantage_estimator: plugin_group_centered" in saved
+    assert "custom_advantage_function_path: my_estimators:group_centered" in saved  # the config is not rewritten
     refused = subprocess.run(cmd + ["--n-samples-per-prompt", "1"], env=env, capture_output=True, text=True,
                              timeout=300)
     assert refused.returncode == 2 and "--n-samples-per-prompt: 1: plugin_group_centered compares" in refused.stderr
@@ -111,9 +112,10 @@ def test_a_plain_function_gets_the_default_traits(tmp_path, monkeypatch):
     cfg = AlgoConfig(custom_advantage_function_path="plain_est:signed")
     try:
         est = estimator_of(cfg)
-        assert cfg.advantage_estimator == "plain_est:signed"
+        assert estimator_name(cfg) == "plain_est:signed" and cfg.advantage_estimator == "grpo"  # not rewritten
         assert (est.group_relative, est.needs_critic, est.policy_loss) == (False, False, "ppo")
         assert cfg.validate() is cfg
+        check_algo(cfg)
         from rlvr.algo import AdvantageInputs
 
         adv, _ = est(AdvantageInputs(torch.tensor([1.0, 0.0]), torch.ones(2, 3), 1), cfg)

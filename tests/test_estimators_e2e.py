@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.cli import main
+from rlvr.entrypoints.cli import main
 from rlvr.data.arith import make_splits, write_jsonl
 
 EXAMPLE = str(Path(__file__).resolve().parents[1] / "examples" / "arith" / "grpo.yaml")

@@ -17,15 +17,15 @@ from typing import Callable
 import pytest
 from transformers import AutoModelForCausalLM
 
-import rlvr.build
-from rlvr.config import parse_config
+import rlvr.runtime.build
+from rlvr.runtime.configure import parse_config
 from rlvr.engine.base import GenerateRequest, SamplingParams
-from rlvr.engine.config import EngineConfig
+from rlvr.config.engine import EngineConfig
 from rlvr.engine.processes import ServeProcesses
 from rlvr.engine.supervisor import EngineSupervisor
-from rlvr.loop import run
+from rlvr.runtime.loop import run
 from rlvr.observe import read_metrics
-from rlvr.testing import RAISE_AT_ENV, InjectedFault
+from rlvr.core.testing import RAISE_AT_ENV, InjectedFault
 
 pytestmark = pytest.mark.slow
 
@@ -91,8 +91,8 @@ def killer(pids: Callable[[], list[int]], in_flight: Callable[[int], bool], run_
 def local_engine_probe(monkeypatch) -> tuple[Callable[[], list[int]], Callable[[int], bool]]:
     """(pids, in_flight) of the supervisor the run builds (caught as ``build_engine`` returns it)."""
     built: list[EngineSupervisor] = []
-    real = rlvr.build.build_engine
-    monkeypatch.setattr(rlvr.build, "build_engine", lambda *a: built.append(real(*a)) or built[-1])
+    real = rlvr.runtime.build.build_engine
+    monkeypatch.setattr(rlvr.runtime.build, "build_engine", lambda *a: built.append(real(*a)) or built[-1])
 
     def pids() -> list[int]:
         return [s.pid for s in built[0].slots if s.up] if built else []
@@ -203,7 +203,7 @@ def test_an_engine_that_keeps_dying_is_removed(tiny_qwen2, tmp_path):
 
 
 def test_a_monitor_that_raises_still_restarts_a_killed_engine(tiny_qwen2, tmp_path, caplog, monkeypatch):
-    """Every other health check of the monitor raises (``rlvr.testing.fault_point``): the monitor
+    """Every other health check of the monitor raises (``rlvr.core.testing.fault_point``): the monitor
     logs it and goes on, so a SIGKILLed engine is still detected, restarted with the newest weights
     and serves again. (A monitor thread that died with its first error would never restart it.)
     The Ray transport runs the same scenario in tests/test_ray_fault_tolerance.py."""
@@ -241,7 +241,7 @@ def check_monitor_survives_a_kill(sup, caplog) -> None:
 def test_chaos_run_ledger_is_json(tmp_path):
     """(the ledger helper reads what ``write_ledger`` writes)"""
     from rlvr.observe.run_files import write_ledger
-    from rlvr.types import Sample
+    from rlvr.core.types import Sample
 
     s = Sample("p", [1], uid="0/0", response_ids=[5, 6], weight_versions=[1, 2])
     write_ledger(tmp_path / "ledger.jsonl", 3, [s], trained=True)

@@ -18,7 +18,7 @@ import torch
 from rlvr.models.tiny import build_tiny_model
 from rlvr.train.packing import response_log_probs
 from rlvr.train.trainer import load_policy
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 from tests.conftest import SMALL
 from tests.test_packing import _samples as packing_samples
 
@@ -100,7 +100,7 @@ def test_trainer_and_engine_on_cuda_agree_in_float32(ckpt):
 
 
 def test_local_loop_on_cuda_colocated(ckpt, arith_files, tmp_path):
-    from rlvr.cli import main
+    from rlvr.entrypoints.cli import main
 
     out = tmp_path / "run"
     argv = ["train", "--hf-checkpoint", ckpt, "--prompt-data", str(arith_files[0]), "--rollout-batch-size", "4",

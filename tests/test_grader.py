@@ -7,12 +7,12 @@ import time
 
 import pytest
 
-from rlvr.config import parse_config
-from rlvr.errors import ConfigError
+from rlvr.runtime.configure import parse_config
+from rlvr.core.errors import ConfigError
 from rlvr.rewards import RewardConfig, grade, score
 from rlvr.rewards.grader import Grader
 from rlvr.rollout.rollout import rollout_metrics
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 
 CUSTOM = textwrap.dedent('''
     import asyncio, math, time
@@ -186,7 +186,7 @@ def test_rollout_grades_each_group_as_it_finishes_and_counts_failures(tiny_qwen2
     from rlvr.config import RolloutConfig
     from rlvr.data.dataset import DataSource, PromptRecord
     from rlvr.engine.embedded import EmbeddedEngine
-    from rlvr.build import load_tokenizer
+    from rlvr.runtime.build import load_tokenizer
 
     graded: dict[int, float] = {}
     (tmp_path / "timed_rewards.py").write_text(textwrap.dedent('''

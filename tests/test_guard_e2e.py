@@ -1,4 +1,4 @@
-"""A run with poisoned rollouts (NaN injected into the loss through ``rlvr.testing``'s trainer seam) through
+"""A run with poisoned rollouts (NaN injected into the loss through ``rlvr.core.testing``'s trainer seam) through
 the real loop."""
 
 import json
@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-import rlvr.loop as loop
-from rlvr.config import parse_config
-from rlvr.errors import ConfigError, TrainingStopped
-from rlvr.testing import override_trainer
+import rlvr.runtime.loop as loop
+from rlvr.runtime.configure import parse_config
+from rlvr.core.errors import ConfigError, TrainingStopped
+from rlvr.core.testing import override_trainer
 
 
 def _cfg(ckpt, arith_files, out, *extra):

@@ -1,31 +1,64 @@
-"""The layout rule of docs/design.md: no import cycle between modules of different folders, lazy
-(function-level) imports included. The same check runs as ``python scripts/import_cycles.py``."""
+"""The layer rule of docs/design.md, as ``scripts/import_cycles.py`` checks it: imports point down
+the declared layers (``LAYERS``) and no module imports itself back through others, lazy
+(function-level) imports included."""
 
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import import_cycles  # noqa: E402
+
+sys.path.pop(0)
 
 
-def test_no_import_cycle_across_folders():
+def test_rlvr_has_no_cycle_and_no_upward_import():
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "import_cycles.py")], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "0 import cycle(s) across folders" in done.stdout
+    assert "0 import cycle(s); 0 upward import(s)" in done.stdout
 
 
-def test_the_checker_finds_a_planted_cycle(tmp_path, monkeypatch):
-    """The checker can fail: two modules in different folders that import each other lazily."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import import_cycles
-    finally:
-        sys.path.pop(0)
+def _plant(tmp_path: Path, files: dict[str, str]) -> Path:
     pkg = tmp_path / "rlvr"
-    for folder, other in (("a", "b"), ("b", "a")):
-        (pkg / folder).mkdir(parents=True)
-        (pkg / folder / "__init__.py").write_text("")
-        (pkg / folder / "m.py").write_text(f"def f():\n    from rlvr.{other}.m import f\n")
-    (pkg / "__init__.py").write_text("")
-    monkeypatch.setattr(import_cycles, "ROOT", pkg)
-    assert import_cycles.main([]) == 1
+    for rel, text in {"__init__.py": "", **files}.items():
+        path = pkg / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for parent in path.relative_to(pkg).parents:
+            (pkg / parent / "__init__.py").touch()
+        path.write_text(text)
+    return pkg
+
+
+LAYERS = [["rlvr.top"], ["rlvr.low"]]
+
+
+def test_the_check_finds_a_planted_cycle(tmp_path):
+    """Two modules of one layer that import each other lazily."""
+    pkg = _plant(tmp_path, {"low/a.py": "def f():\n    from rlvr.low.b import g\n",
+                            "low/b.py": "def g():\n    from rlvr.low.a import f\n", "top/m.py": ""})
+    upward, cycles, _ = import_cycles.violations(pkg, LAYERS)
+    assert upward == [] and len(cycles) == 1
+    assert "rlvr.low.a <-> rlvr.low.b" in cycles[0] and "rlvr/low/a.py:2 -> rlvr.low.b" in cycles[0]
+
+
+def test_the_check_finds_a_planted_upward_import(tmp_path):
+    pkg = _plant(tmp_path, {"low/a.py": "import os\n\n\ndef f():\n    from rlvr.top.m import g\n",
+                            "top/m.py": "from rlvr.low.a import f\n\n\ndef g():\n    pass\n"})
+    upward, cycles, _ = import_cycles.violations(pkg, LAYERS)
+    assert upward == ["rlvr/low/a.py:5: rlvr.low.a imports rlvr.top.m, a higher layer"]
+    assert len(cycles) == 1  # the upward import closes a cycle with the downward one
+
+
+def test_the_check_finds_a_module_outside_the_layers(tmp_path):
+    pkg = _plant(tmp_path, {"loose.py": "", "low/a.py": ""})
+    upward, _, _ = import_cycles.violations(pkg, LAYERS)
+    assert upward == ["rlvr/loose.py: not in a declared layer (add its package to LAYERS)"]
+
+
+@pytest.mark.parametrize("line", ["if TYPE_CHECKING:\n    from rlvr.top.m import g\n"])
+def test_type_checking_imports_do_not_count(tmp_path, line):
+    pkg = _plant(tmp_path, {"low/a.py": "from typing import TYPE_CHECKING\n" + line, "top/m.py": ""})
+    assert import_cycles.violations(pkg, LAYERS)[:2] == ([], [])

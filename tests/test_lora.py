@@ -9,10 +9,10 @@ from rlvr.algo import AlgoConfig, actor_loss, aggregate_loss, global_denominator
 from rlvr.config import TrainConfig
 from rlvr.engine.base import GenerateRequest, SamplingParams
 from rlvr.engine.embedded import EmbeddedEngine
-from rlvr.errors import ConfigError
+from rlvr.core.errors import ConfigError
 from rlvr.train import lora
 from rlvr.train.trainer import Trainer
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 from tests.conftest import random_samples
 
 peft = pytest.importorskip("peft")
@@ -173,7 +173,7 @@ def test_bad_target_module_names_the_linear_layers_and_rank_too_large_is_refused
 def test_save_load_is_exact_and_the_adapter_exports(tiny_qwen2, tmp_path):
     from peft import PeftModel
 
-    from rlvr.build import export_hf
+    from rlvr.runtime.build import export_hf
 
     tok = AutoTokenizer.from_pretrained(tiny_qwen2)
     tr = lora_trainer(tiny_qwen2, bf16=False)
@@ -214,7 +214,7 @@ def test_sigkill_during_a_lora_run_then_resume_matches_uninterrupted_run(tiny_qw
     exactly, so the two rollouts after the kill log what the uninterrupted run logged."""
     import signal
 
-    from rlvr.checkpoint import read_latest
+    from rlvr.runtime.checkpoint import read_latest
     from tests.test_resume import args, rlvr, values
 
     test = tmp_path / "test.jsonl"

@@ -29,7 +29,7 @@ from rlvr.rewards import REWARDS, score
 from rlvr.rewards.dapo import dapo_reward
 from rlvr.rewards import deepscaler as _deepscaler  # noqa: F401  (registers "deepscaler")
 from rlvr.rewards.math import extract_answer, is_unsafe, math_reward
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 
 CASES_PATH = Path(__file__).parent / "data" / "math_cases.jsonl"
 CASES = [json.loads(line) for line in CASES_PATH.read_text().splitlines() if line.strip()]
@@ -62,7 +62,7 @@ _CHILD_V2 = """
 import json, sys
 from rlvr.rewards import RewardConfig
 from rlvr.rewards.grader import build_reward
-from rlvr.types import Sample, Status
+from rlvr.core.types import Sample, Status
 reward = build_reward("math", RewardConfig())
 out = []
 for line in open(sys.argv[1]):

@@ -22,14 +22,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlvr.cli import main
+from rlvr.entrypoints.cli import main
 from rlvr.engine.base import GenerateRequest, SamplingParams
 from rlvr.engine.embedded import EmbeddedEngine
 from rlvr.models.tiny import ARCHITECTURES, TINY_WINDOW, build_tiny_model, build_tokenizer
 from rlvr.train import packing
 from rlvr.train.packing import response_log_probs
 from rlvr.train.trainer import load_policy
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 from tests.conftest import SMALL, write_lines
 
 # name -> (tiny architecture, config overrides, config fields whose removal must change log-probs)
@@ -161,7 +161,7 @@ def test_engine_samples_with_the_trainers_log_probs(family):
 
 def test_two_rollouts_through_the_cli(family, tmp_path, monkeypatch):
     path, _, _ = family
-    monkeypatch.setattr("rlvr.loop.plot_runs", lambda *a, **k: None)  # curves.png: ~4 s of matplotlib per run
+    monkeypatch.setattr("rlvr.runtime.loop.plot_runs", lambda *a, **k: None)  # curves.png: ~4 s of matplotlib per run
     data = write_lines(tmp_path / "train.jsonl", [{"prompt": f"{a}+{a}=", "label": str(2 * a)} for a in range(8)])
     out = tmp_path / "run"
     code = main(["train", "--hf-checkpoint", str(path), "--prompt-data", str(data), "--rollout-batch-size", "2",

@@ -9,7 +9,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from rlvr.errors import DataError
+from rlvr.core.errors import DataError
 from rlvr.observe import (ConsoleProgress, MetricsLogger, compute_statistics, format_summary,
                           plot_runs, read_metrics)
 

@@ -14,8 +14,9 @@ import torch
 
 from rlvr.algo import AlgoConfig
 from rlvr.algo.opd import opd_advantages
-from rlvr.config import TrainConfig, parse_config
-from rlvr.errors import ConfigError
+from rlvr.config import TrainConfig
+from rlvr.runtime.configure import parse_config
+from rlvr.core.errors import ConfigError
 from rlvr.models.tiny import build_tiny_model
 from rlvr.train.packing import Layout
 from rlvr.train.teacher import LoadedTeacher, ServedTeacher, response_logprobs_of
@@ -151,7 +152,7 @@ def test_failed_teacher_samples_keep_their_estimator_advantages(tiny_qwen2):
 
 
 def _train(args, out):
-    cmd = [sys.executable, "-m", "rlvr.cli", "train", *args, "--output-dir", str(out)]
+    cmd = [sys.executable, "-m", "rlvr", "train", *args, "--output-dir", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert r.returncode == 0, r.stderr[-3000:]
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

@@ -9,7 +9,7 @@ from rlvr.models.tiny import build_tiny_model
 from rlvr.train import packing
 from rlvr.train.packing import response_log_probs
 from rlvr.train.trainer import load_policy
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 from tests.conftest import SMALL
 
 

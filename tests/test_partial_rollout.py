@@ -11,10 +11,10 @@ from rlvr.config import RolloutConfig
 from rlvr.data.dataset import DataSource, PromptRecord
 from rlvr.engine.base import GenerateRequest, SamplingParams
 from rlvr.engine.embedded import EmbeddedEngine
-from rlvr.build import load_tokenizer
+from rlvr.runtime.build import load_tokenizer
 from rlvr.rewards import Grader, RewardConfig
 from rlvr.rollout.rollout import Rollout
-from rlvr.types import Sample, Status
+from rlvr.core.types import Sample, Status
 from transformers import AutoModelForCausalLM
 
 

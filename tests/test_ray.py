@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr.cli import main
-from rlvr.config import parse_config
-from rlvr.errors import ConfigError
-from rlvr.types import RolloutBatch
+from rlvr.entrypoints.cli import main
+from rlvr.runtime.configure import parse_config
+from rlvr.core.errors import ConfigError
+from rlvr.core.types import RolloutBatch
 
 ray = pytest.importorskip("ray")
 
@@ -70,7 +70,7 @@ def gradient_error(argv: list[str], samples) -> float:
 
     from rlvr.distributed.placement import placement_group, plan
     from rlvr.distributed.train_group import RayTrainer
-    from rlvr.build import make_trainer
+    from rlvr.runtime.build import make_trainer
 
     cfg = parse_config(argv)
     p = plan(cfg.cluster, 0)
@@ -162,7 +162,7 @@ def test_colocated_engines_sleep_while_training_and_restart(ray_cluster, tiny_qw
     """Driven through the components the loop uses: engines are asleep (no weights) once a
     rollout is sampled, awake with the trainer's exact weights after the sync; an engine
     re-created by ``restart_engine`` (issue 9's seam) gets the current weights and samples."""
-    from rlvr.loop import build
+    from rlvr.runtime.loop import build
 
     cfg = parse_config(ray_args(tiny_qwen2, arith_files[0], small_eval, tmp_path / "run") + ["--colocate"])
     with build(cfg) as c:
@@ -185,7 +185,7 @@ def test_broadcast_weight_sync_streams_buckets_to_every_engine(ray_cluster, tiny
     group; every push arrives bucket by bucket (4 KiB buckets: many) and every engine's checksum
     equals the trainer's (--check-weight-update-equal, else the run stops); a re-created engine
     could not join, so restarting one is refused."""
-    from rlvr.loop import build
+    from rlvr.runtime.loop import build
 
     out = tmp_path / "run"
     argv = ray_args(tiny_qwen2, arith_files[0], small_eval, out) + ["--weight-sync", "broadcast",
@@ -222,7 +222,7 @@ def test_actor_failure_stops_the_run_with_its_traceback(ray_cluster, tiny_qwen2,
     shutil.copytree(tiny_qwen2, broken)
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(Exception) as info:
-        from rlvr.loop import run
+        from rlvr.runtime.loop import run
 
         run(parse_config(ray_args(broken, arith_files[0], small_eval, tmp_path / "run")), console=False)
     assert "safetensors" in str(info.value).lower() or "header" in str(info.value).lower()

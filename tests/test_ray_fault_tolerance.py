@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.config import parse_config
+from rlvr.runtime.configure import parse_config
 from rlvr.observe import read_metrics
 
 ray = pytest.importorskip("ray")
@@ -98,7 +98,7 @@ def hold_rollout_until(monkeypatch, rollout_id: int, condition, what: str) -> No
 # pushes weights from the producer's thread while engines restart; sync re-issues within a rollout.
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_chaos_two_sigkills_during_rollout(ray_cluster, tiny_qwen2, arith_files, tmp_path, monkeypatch, mode):
-    from rlvr.loop import run
+    from rlvr.runtime.loop import run
 
     out = tmp_path / "run"
     extra = ["--async", "--max-staleness", "1", "--rollout-concurrency", "8"] if mode == "async" else []
@@ -142,7 +142,7 @@ def test_hung_engine_is_detected_within_the_timeout_and_replaced(ray_cluster, ti
     killed, replaced with the current weights, and the rollout's requests answered. Then the
     replacement dies too: with --rollout-max-engine-restarts 1 it is removed, and with no engine
     left the next rollout fails with a clear error."""
-    from rlvr.loop import build
+    from rlvr.runtime.loop import build
 
     interval, timeout = 0.3, 2.0
     cfg = parse_config(ft_args(tiny_qwen2, arith_files[0], tmp_path / "run", "--num-rollout", "1",
@@ -194,9 +194,9 @@ def test_a_monitor_that_raises_still_restarts_a_killed_engine(ray_cluster, tiny_
 
     from ray.util.placement_group import remove_placement_group
 
-    from rlvr.distributed.engine_faults import TolerantEngineGroup
+    from rlvr.distributed.engines import TolerantEngineGroup
     from rlvr.distributed.placement import placement_group, plan
-    from rlvr.testing import RAISE_AT_ENV
+    from rlvr.core.testing import RAISE_AT_ENV
 
     cfg = parse_config(ft_args(tiny_qwen2, arith_files[0], tmp_path / "run", "--rollout-num-engines", "1",
                                "--rollout-health-check-timeout", "2", "--rollout-max-engine-restarts", "1"))

@@ -1,9 +1,9 @@
 """GPU placement on a real Ray cluster with 4 *logical* GPUs (this machine has none): which actor
 gets which bundle and GPU id, colocated engines sharing their rank's GPU, the process-group
 backend, a GPU shortage refused naming the flags, and the whole loop through GPU bundles. The
-test-only seam ``RLVR_TEST_LOGICAL_GPUS`` (``rlvr.testing.logical_gpus``) keeps the compute on
+test-only seam ``RLVR_TEST_LOGICAL_GPUS`` (``rlvr.core.testing.logical_gpus``) keeps the compute on
 CPU (gloo); with real GPUs the same actors compute on ``cuda`` with NCCL
-(``rlvr.device.for_actor`` / ``process_group_backend``)."""
+(``rlvr.core.device.for_actor`` / ``process_group_backend``)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import os
 
 import pytest
 
-from rlvr.cli import main
-from rlvr.config import parse_config
-from rlvr.errors import ConfigError
-from rlvr.testing import LOGICAL_GPUS_ENV
+from rlvr.entrypoints.cli import main
+from rlvr.runtime.configure import parse_config
+from rlvr.core.errors import ConfigError
+from rlvr.core.testing import LOGICAL_GPUS_ENV
 
 ray = pytest.importorskip("ray")
 
@@ -44,7 +44,7 @@ def _placements(cfg, with_engines: bool = True) -> tuple[list[dict], list[dict]]
     from ray.util.placement_group import remove_placement_group
 
     from rlvr.distributed.placement import placement_group, plan, start
-    from rlvr.distributed.rollout_manager import make_engine_actor
+    from rlvr.distributed.engines import make_engine_actor
     from rlvr.distributed.train_group import RayTrainer
 
     p = plan(cfg.cluster, cfg.cluster.num_engines(cfg.engine.rollout_num_engines))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.checkpoint import LATEST_FILE, list_checkpoints, read_latest
+from rlvr.runtime.checkpoint import LATEST_FILE, list_checkpoints, read_latest
 
 
 def rlvr(*args, kill_at: str | None = None) -> subprocess.CompletedProcess:
@@ -19,7 +19,7 @@ def rlvr(*args, kill_at: str | None = None) -> subprocess.CompletedProcess:
     env.pop("RLVR_TEST_SIGKILL_AT", None)
     if kill_at:
         env["RLVR_TEST_SIGKILL_AT"] = kill_at
-    return subprocess.run([sys.executable, "-m", "rlvr.cli", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "rlvr", *args], capture_output=True, text=True, env=env,
                           timeout=600)
 
 
@@ -92,8 +92,8 @@ def test_sigkill_mid_rollout_then_resume_matches_uninterrupted_run(tiny_qwen2, a
 def test_sigkill_mid_save_leaves_previous_checkpoint_loadable(tiny_qwen2, arith_files, small_eval, tmp_path):
     from transformers import AutoTokenizer
 
-    from rlvr.checkpoint import find_checkpoint, read_run_state, save_checkpoint
-    from rlvr.config import parse_config
+    from rlvr.runtime.checkpoint import find_checkpoint, read_run_state, save_checkpoint
+    from rlvr.runtime.configure import parse_config
     from rlvr.train.trainer import Trainer
 
     out = tmp_path / "run"
@@ -140,9 +140,9 @@ def test_resume_cuts_records_logged_after_the_checkpoint(tmp_path):
 
 
 def test_load_from_an_empty_directory_starts_fresh(tmp_path, tiny_qwen2, arith_files, caplog):
-    from rlvr.config import parse_config
-    from rlvr.errors import ConfigError
-    from rlvr.loop import resume_point
+    from rlvr.runtime.configure import parse_config
+    from rlvr.core.errors import ConfigError
+    from rlvr.runtime.loop import resume_point
 
     cfg = parse_config(["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(arith_files[0]),
                         "--load", str(tmp_path / "ckpt")])
@@ -158,7 +158,7 @@ def test_trainer_checkpoint_keeps_bf16_masters_and_a_moved_reference(tiny_qwen2,
     model moved by --ref-update-interval come back from a checkpoint too."""
     import torch
 
-    from rlvr.config import parse_config
+    from rlvr.runtime.configure import parse_config
     from rlvr.train.trainer import Trainer
 
     cfg = parse_config(["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(arith_files[0]), "--bf16",

@@ -13,7 +13,7 @@ import pytest
 
 from rlvr.rewards import RewardConfig, grade
 from rlvr.rewards.grader import Grader
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 
 
 class Server:

@@ -37,12 +37,12 @@ def test_unknown_reward_lists_valid_names():
 
 import asyncio  # noqa: E402
 
-from rlvr.errors import ConfigError  # noqa: E402
+from rlvr.core.errors import ConfigError  # noqa: E402
 from rlvr.rewards import RewardConfig, grade  # noqa: E402
 from rlvr.rewards.grader import Grader, build_reward  # noqa: E402
 from rlvr.rewards.math import final_answers, grade_math  # noqa: E402
 from rlvr.rewards.math_equiv import MathOptions, is_equivalent, split_values  # noqa: E402
-from rlvr.types import Sample, Status  # noqa: E402
+from rlvr.core.types import Sample, Status  # noqa: E402
 
 
 def _math(response, label, status=Status.COMPLETED, prompt="", **cfg):

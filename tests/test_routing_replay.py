@@ -6,17 +6,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr.cli import main
+from rlvr.entrypoints.cli import main
 from rlvr.config import TrainConfig
 from rlvr.engine.base import GenerateRequest, SamplingParams
 from rlvr.engine.embedded import EmbeddedEngine
-from rlvr.errors import ConfigError
+from rlvr.core.errors import ConfigError
+from rlvr.runtime.configure import check_train
 from rlvr.models.moe import RoutingRecorder, RoutingReplay
 from rlvr.models.tiny import build_tiny_model
 from rlvr.train import routing_replay
 from rlvr.train.packing import response_log_probs
 from rlvr.train.trainer import load_policy
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 
 from conftest import SMALL
 
@@ -113,8 +114,8 @@ def test_engine_in_the_same_precision_agrees_and_the_shared_prompt_matches(tiny_
 
 def test_dense_model_is_refused(tiny_qwen2, tiny_moe):
     with pytest.raises(ConfigError, match="--use-rollout-routing-replay.*dense"):
-        TrainConfig(hf_checkpoint=str(tiny_qwen2), use_rollout_routing_replay=True).validate()
-    TrainConfig(hf_checkpoint=str(tiny_moe), use_rollout_routing_replay=True).validate()
+        check_train(TrainConfig(hf_checkpoint=str(tiny_qwen2), use_rollout_routing_replay=True).validate())
+    check_train(TrainConfig(hf_checkpoint=str(tiny_moe), use_rollout_routing_replay=True).validate())
     with pytest.raises(ValueError, match="dense model"):
         RoutingReplay(load_policy(str(tiny_qwen2), False))
     with pytest.raises(ValueError, match="--enable-return-routed-experts.*dense"):

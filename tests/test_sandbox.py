@@ -24,9 +24,9 @@ import pytest
 
 from rlvr.rewards import REWARDS
 from rlvr.rewards.code import CodeReward, extract_program
-from rlvr.rewards.config import RewardConfig
+from rlvr.config.reward import RewardConfig
 from rlvr.rewards.sandbox import CGROUP_ROOT, SandboxLimits, available_protections, run_program
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 
 HOSTILE_DIR = Path(__file__).parent / "hostile"
 FAST = dict(code_timeout=3.0, code_cpu_time=1.0, code_memory_mb=256, code_max_processes=16,

@@ -5,15 +5,16 @@ import json
 import pytest
 import torch
 
-from rlvr.algo import AlgoConfig, actor_loss
+from rlvr.algo import AlgoConfig, actor_loss, policy_loss_name
 from rlvr.algo.score_centering import SamplerHead
-from rlvr.cli import main
+from rlvr.entrypoints.cli import main
 from rlvr.engine.base import GenerateRequest, SamplingParams
 from rlvr.engine.embedded import EmbeddedEngine
-from rlvr.errors import ConfigError
+from rlvr.core.errors import ConfigError
+from rlvr.runtime.configure import check_algo
 from rlvr.train.packing import response_log_probs
 from rlvr.train.trainer import load_policy
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 
 
 def _sc_grad(p, q, head, sampled, advantage, cfg):
@@ -77,13 +78,13 @@ def test_engine_returns_the_head_of_q_the_trainer_recomputes(tiny_qwen2):
 
 
 def test_config_rules():
-    assert AlgoConfig(use_score_centering=True).validate().pg_loss_type == "reinforce"
+    assert policy_loss_name(AlgoConfig(use_score_centering=True).validate()) == "reinforce"
     with pytest.raises(ConfigError, match="--use-score-centering.*--pg-loss-type reinforce"):
         AlgoConfig(use_score_centering=True, pg_loss_type="ppo").validate()
     with pytest.raises(ConfigError, match="--use-opsm"):
         AlgoConfig(use_score_centering=True, use_opsm=True).validate()
     with pytest.raises(ConfigError, match="--use-score-centering.*gspo"):
-        AlgoConfig(use_score_centering=True, advantage_estimator="gspo").validate()
+        check_algo(AlgoConfig(use_score_centering=True, advantage_estimator="gspo").validate())
 
 
 def test_two_rollouts_with_score_centering_and_tis(tiny_qwen2, arith_files, tmp_path):

@@ -33,7 +33,7 @@ def _free_port() -> int:
 def _start(ckpt, port: int) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rlvr.cli", "serve", "--hf-checkpoint", str(ckpt), "--port", str(port),
+        [sys.executable, "-m", "rlvr", "serve", "--hf-checkpoint", str(ckpt), "--port", str(port),
          "--device", "cpu", "--mem-fraction-static", "0.5"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
     )
@@ -255,7 +255,7 @@ def test_rlvr_train_samples_on_an_external_server(server, tiny_qwen2, arith_file
     train, _ = arith_files
     out = tmp_path / "run"
     r = subprocess.run(
-        [sys.executable, "-m", "rlvr.cli", "train", "--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(train),
+        [sys.executable, "-m", "rlvr", "train", "--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(train),
          "--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6",
          "--num-rollout", "2", "--lr", "1e-3", "--rollout-external-engine-addrs", f"127.0.0.1:{server}",
          "--device", "cpu", "--use-tis", "--tis-mode", "icepop", "--output-dir", str(out)],

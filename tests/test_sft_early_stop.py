@@ -9,10 +9,10 @@ from pathlib import Path
 
 import yaml
 
-from rlvr.config import parse_config
+from rlvr.runtime.configure import parse_config
 from rlvr.data.arith import make_splits, split_validation, write_jsonl
 from rlvr.observe import read_metrics
-from rlvr.sft import SftEvaluator, reached_target, run_sft
+from rlvr.entrypoints.sft import SftEvaluator, reached_target, run_sft
 
 _OPENED: list[str] | None = None  # paths opened while a test records them (an audit hook cannot be removed)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rlvr.cli import main
+from rlvr.entrypoints.cli import main
 from rlvr.observe import read_metrics
 
 

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from rlvr import slime_flags
-from rlvr.config import FIELDS, build_config, make_parser, merged_values
-from rlvr.distributed.config import ClusterConfig
-from rlvr.errors import ConfigError
+from rlvr.compat.slime import flags as slime_flags
+from rlvr.config import FIELDS, build_config
+from rlvr.runtime.configure import make_parser, merged_values
+from rlvr.config.cluster import ClusterConfig
+from rlvr.core.errors import ConfigError
 from tests.conftest import write_lines
 
 # GPU placement flags: config fields (issue 16, docs/scaling.md); one not defined yet is left out.
@@ -81,9 +82,9 @@ def parse(argv: list[str]):
 
 def test_seed_000_full_script_parses_honours_and_warns_once(tiny_qwen2, files, tmp_path, caplog):
     script = full_script(tiny_qwen2, *files, tmp_path)
-    with caplog.at_level(logging.WARNING, logger="rlvr.slime_flags"):
+    with caplog.at_level(logging.WARNING, logger="rlvr.compat.slime.flags"):
         cfg = parse(argv_of(script))
-    warnings = [r.getMessage() for r in caplog.records if r.name == "rlvr.slime_flags"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "rlvr.compat.slime.flags"]
     assert len(warnings) == 1, warnings  # one line lists everything ignored
     for ignored in ("--sequence-parallel", "--tensor-model-parallel-size 1", "--attention-backend flash",
                     "--sglang-attention-backend flashinfer", "--hidden-dropout 0.0", "--num-layers",
@@ -146,8 +147,8 @@ def test_docs_table_lists_every_policy_entry_and_the_placement_flags():
 
 
 def test_rollout_stop_flags_reach_the_sampling_params(tiny_qwen2, files):
-    from rlvr.build import load_tokenizer
-    from rlvr.config import parse_config
+    from rlvr.runtime.build import load_tokenizer
+    from rlvr.runtime.configure import parse_config
     from rlvr.rollout.rollout import Rollout
 
     cfg = parse_config(["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(files[0]),
@@ -165,9 +166,9 @@ def dict_reward(sample):
 def test_reward_key_scores_a_dict_reward_by_that_entry():
     import asyncio
 
-    from rlvr.rewards.config import RewardConfig
+    from rlvr.config.reward import RewardConfig
     from rlvr.rewards.grader import Grader
-    from rlvr.types import Sample
+    from rlvr.core.types import Sample
     samples = [Sample("p", [1])]
     asyncio.run(Grader(RewardConfig(custom_rm_path="tests.test_slime_compat:dict_reward", reward_key="fmt"))
                 .grade_group(samples))

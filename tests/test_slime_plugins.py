@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlvr.algo.config import AlgoConfig
+from rlvr.config.algo import AlgoConfig
 from rlvr.algo.corrections import apply_corrections
-from rlvr.config import parse_config
-from rlvr.errors import ConfigError
-from rlvr.slime_plugins import SlimeArgs, adapt_reward, is_slime_style
-from rlvr.types import Sample
+from rlvr.runtime.configure import parse_config
+from rlvr.core.errors import ConfigError
+from rlvr.compat.slime.plugins import SlimeArgs, adapt_reward, is_slime_style
+from rlvr.core.types import Sample
 from tests.conftest import write_lines
 
 # Written against slime's documented signatures (docs/en/get_started/customization.md); porting
@@ -23,8 +23,8 @@ from tests.conftest import write_lines
 PLUGINS = '''
 import torch
 
-from rlvr.slime_plugins import DynamicFilterOutput
-from rlvr.types import Sample
+from rlvr.compat.slime.plugins import DynamicFilterOutput
+from rlvr.core.types import Sample
 
 
 async def custom_rm(args, sample: Sample) -> dict:
@@ -99,7 +99,7 @@ def test_slime_reward_gets_the_config_by_slime_names():
         return args.reward_timeout + len(sample.tokens)
 
     assert is_slime_style(custom_rm) and not is_slime_style(lambda sample: 1.0)
-    from rlvr.rewards.config import RewardConfig
+    from rlvr.config.reward import RewardConfig
 
     reward = adapt_reward(custom_rm, SlimeArgs(RewardConfig(reward_timeout=5.0)))
     import asyncio
@@ -132,7 +132,7 @@ def test_slime_paths_map_or_name_the_rlvr_equivalent(tiny_qwen2, tmp_path):
     assert cfg.rollout.dynamic_sampling_filter_path.endswith("check_reward_nonzero_std")  # resolves to nonzero_std
     with pytest.raises(ConfigError, match="--custom-rm-path: 'slime.rollout.rm_hub.my_rm.f' is slime's code.*--rm-type"):
         parse_config(base + ["--custom-rm-path", "slime.rollout.rm_hub.my_rm.f"])
-    with pytest.raises(ConfigError, match="rlvr.types"):
+    with pytest.raises(ConfigError, match="rlvr.core.types"):
         parse_config(base + ["--custom-rm-path", "slime.utils.types:whatever"])
 
 
@@ -140,7 +140,7 @@ def test_slime_data_source_hands_out_prompts_and_resumes_by_replay(tmp_path, mon
     (tmp_path / "src_mod.py").write_text(PLUGINS)
     monkeypatch.syspath_prepend(str(tmp_path))
     from rlvr.config import Config
-    from rlvr.slime_plugins import slime_data_source
+    from rlvr.data.slime_source import slime_data_source
 
     args = SlimeArgs(Config())
     source = slime_data_source("src_mod:CountingSource", args)
@@ -171,7 +171,7 @@ def test_two_rollout_cli_run_with_slime_plugins_and_slime_metrics(tiny_qwen2, tm
             "--use-tensorboard", "--output-dir", str(out), "--tensor-model-parallel-size", "1", "--use-slime-router"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
            "TENSORBOARD_DIR": str(tb), "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-m", "rlvr.cli", *args], capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run([sys.executable, "-m", "rlvr", *args], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stderr.count("ignored slime flags") == 1 and "--tensor-model-parallel-size 1" in r.stderr
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -15,9 +15,9 @@ from concurrent.futures import Future
 import pytest
 
 from rlvr.engine.base import GenerateRequest, GenerateResult, SamplingParams
-from rlvr.engine.config import EngineConfig
+from rlvr.config.engine import EngineConfig
 from rlvr.engine.supervisor import EngineDown, EngineSupervisor, EnginesLost
-from rlvr.testing import RAISE_AT_ENV, InjectedFault
+from rlvr.core.testing import RAISE_AT_ENV, InjectedFault
 
 
 def wait_until(condition, what: str, timeout: float = 60.0, poll: float = 0.01) -> None:

@@ -11,7 +11,7 @@ import torch
 from rlvr.algo import AlgoConfig, actor_loss
 from rlvr.algo.kl import compute_approx_kl, exact_kl, kl_loss_types
 from rlvr.config import TrainConfig
-from rlvr.errors import ConfigError
+from rlvr.core.errors import ConfigError
 from rlvr.models.tiny import build_tiny_model
 from rlvr.train.packing import Layout, decoder_and_head
 from rlvr.train.token_kl import ReferenceStates, reference_forward
@@ -119,7 +119,7 @@ def test_cli_two_rollouts_with_token_level_kl(tiny_qwen2, arith_files, tmp_path)
 
     out = tmp_path / "run"
     r = subprocess.run(
-        [sys.executable, "-m", "rlvr.cli", "train", "--hf-checkpoint", str(tiny_qwen2), "--prompt-data",
+        [sys.executable, "-m", "rlvr", "train", "--hf-checkpoint", str(tiny_qwen2), "--prompt-data",
          str(arith_files[0]), "--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--rollout-max-response-len",
          "6", "--num-rollout", "2", "--lr", "1e-2", "--use-kl-loss", "--kl-loss-coef", "0.1", "--kl-loss-type",
          "token_level_kl", "--log-probs-chunk-size", "4", "--entropy-coef", "0.1", "--output-dir", str(out)],

@@ -6,7 +6,7 @@ import torch
 from rlvr.algo import AlgoConfig
 from rlvr.config import TrainConfig
 from rlvr.train.trainer import Trainer
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 from tests.conftest import random_samples
 
 

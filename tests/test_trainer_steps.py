@@ -8,12 +8,12 @@ import torch
 
 from rlvr.algo import AlgoConfig
 from rlvr.config import TrainConfig
-from rlvr.errors import TrainingStopped
+from rlvr.core.errors import TrainingStopped
 from rlvr.models.tiny import build_tiny_model
-from rlvr.testing import override_trainer
+from rlvr.core.testing import override_trainer
 from rlvr.train.packing import Layout
 from rlvr.train.trainer import Trainer
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 from tests.conftest import SMALL, random_samples
 
 

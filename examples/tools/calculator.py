@@ -40,7 +40,7 @@ def problems(seed: int = 0, n_test: int = 200) -> tuple[list[dict], list[dict]]:
 def final_answer(sample) -> float:
     """1.0 when the model's last turn (after the last tool result) is exactly the product.
 
-    >>> from rlvr.types import Sample
+    >>> from rlvr.core.types import Sample
     >>> final_answer(Sample("p", [1], label="408", response='<tool_call>..</tool_call>\\n<|im_start|>tool\\n408<|im_end|>\\n<|im_start|>assistant\\n408'))
     1.0
     >>> final_answer(Sample("p", [1], label="408", response='<tool_call>..</tool_call>\\n<|im_start|>tool\\n408<|im_end|>\\n<|im_start|>assistant\\n'))

@@ -37,7 +37,7 @@ def write_data() -> None:
 def sft_sample(turns, tok, row: dict, use_tool: bool = True):
     """One SFT sample: the call, the tool's result (masked), the answer; or (``use_tool`` False)
     the answer written directly, which the model cannot learn to get right (it cannot multiply)."""
-    from rlvr.types import Sample
+    from rlvr.core.types import Sample
 
     a, b = row["metadata"]["a"], row["metadata"]["b"]
     _, prompt_ids = turns.prompt_ids([{"role": "user", "content": row["prompt"]}])
@@ -64,7 +64,7 @@ def sft(tool_rounds: list[int], direct_steps: int, direct_lr: float, batch: int 
     from rlvr.agents.tools import tool_schemas
     from rlvr.agents.turns import ChatTurns
     from rlvr.algo import AlgoConfig
-    from rlvr.build import load_tokenizer, save_hf
+    from rlvr.runtime.build import load_tokenizer, save_hf
     from rlvr.config import TrainConfig
     from rlvr.models.tiny import build_tiny_model
     from rlvr.train.trainer import Trainer
@@ -90,8 +90,8 @@ def sft(tool_rounds: list[int], direct_steps: int, direct_lr: float, batch: int 
 
 
 def grpo(num_rollout: int, extra: list[str]) -> Path:
-    from rlvr.config import parse_config
-    from rlvr.loop import run
+    from rlvr.runtime.configure import parse_config
+    from rlvr.runtime.loop import run
 
     argv = ["--hf-checkpoint", str(ASSETS / "sft"), "--prompt-data", str(ASSETS / "train.jsonl"),
             "--apply-chat-template", "--tools", "examples.tools.calculator:TOOLS", "--max-turns", "2",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from rlvr.types import Sample, Status
+from rlvr.core.types import Sample, Status
 
 
 class Environment(Protocol):
@@ -27,8 +27,8 @@ class Environment(Protocol):
 
 
 async def generate_with_environment(cfg, sample: Sample, sampling_params: dict) -> Sample:
-    from rlvr.agents.hooks import call_maybe_async, context
-    from rlvr.registry import load_function
+    from rlvr.agents.context import call_maybe_async, context
+    from rlvr.core.registry import load_function
 
     ctx = context()
     env = load_function(cfg.agent.environment_path, "--environment-path")()

@@ -35,70 +35,20 @@ broken mask; ``--mask-offpolicy-in-partial-rollout`` is moot for these samples.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import inspect
 import json
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
-from rlvr.agents.engine import EngineHandle
+from rlvr.agents.context import _CONTEXT, AgentContext, call_maybe_async, sampling_dict
+from rlvr.agents.session import EngineHandle
 from rlvr.engine.base import SamplingParams
-from rlvr.registry import load_function
-from rlvr.types import Sample, Status
+from rlvr.core.registry import load_function
+from rlvr.core.types import Sample, Status
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class AgentContext:
-    """What a generate / rollout function may use (``rlvr.agents.context()``)."""
-
-    cfg: Any  # the whole Config (slime's ``args``)
-    engine: EngineHandle | None  # this sample's session (None inside a rollout function: make one with new_handle)
-    tokenizer: Any
-    turns: Any  # ChatTurns when the tokenizer has a chat template, else None
-    rollout: Any  # the Rollout: grader, new_group / next_groups, sampling_params()
-    agent: Any = None  # the Agent
-
-    def new_handle(self, session: str = "") -> EngineHandle:
-        return EngineHandle(self.agent.engine, self.tokenizer, session)
-
-    @property
-    def openai_base_url(self) -> str:
-        """Base URL of an OpenAI-compatible endpoint recording this sample's session
-        (``rlvr.agents.openai_proxy``): give it to ``openai.AsyncOpenAI(base_url=...)``."""
-        if self.engine is None:
-            raise RuntimeError("openai_base_url is per sample: use it inside a generate function")
-        return self.agent.openai_session(self.engine)
-
-    def session_sample(self, sample: Sample) -> Sample:
-        """``sample`` filled with the calls recorded on ``openai_base_url`` (exact ids, log-probs)."""
-        return self.agent.proxy.fill(self.engine.session, sample)
-
-
-_CONTEXT: contextvars.ContextVar[AgentContext] = contextvars.ContextVar("rlvr_agent_context")
-
-
-def context() -> AgentContext:
-    """The calling generate / rollout function's context (slime's ``GenerateState``)."""
-    try:
-        return _CONTEXT.get()
-    except LookupError:
-        raise RuntimeError("rlvr.agents.context() is only set inside a generate or rollout function") from None
-
-
-def sampling_dict(params: SamplingParams) -> dict:
-    """SGLang's ``sampling_params`` dict of a ``SamplingParams`` (what slime's functions get)."""
-    return {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
-            "max_new_tokens": params.max_new_tokens, "stop_token_ids": list(params.stop_token_ids),
-            "stop": list(params.stop), **({"seed": params.seed} if params.seed is not None else {})}
-
-
-async def call_maybe_async(fn: Callable, *args, **kwargs):
-    out = fn(*args, **kwargs)
-    return await out if inspect.isawaitable(out) else out
 
 
 async def _awaited(x):

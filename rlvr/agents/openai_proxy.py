@@ -42,10 +42,10 @@ from dataclasses import dataclass, field, replace
 
 from aiohttp import web
 
-from rlvr.agents.tools import TOOL_CALL, parse_tool_calls
+from rlvr.engine.chat import openai_tool_call, split_tool_calls, template_message
 from rlvr.engine.base import GenerateResult, SamplingParams
 from rlvr.engine.streaming import TextStream
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 
 
 @dataclass
@@ -70,19 +70,6 @@ def _normalise(m: dict) -> dict:
               if isinstance(c["function"]["arguments"], str) else c["function"]["arguments"])
              for c in (m.get("tool_calls") or [])]
     return {"role": m.get("role"), "content": (m.get("content") or "").strip(), "tool_calls": calls}
-
-
-def _template_message(m: dict) -> dict:
-    """The message as the chat template renders it (tool calls as Hermes blocks, in Qwen's style)."""
-    out = {"role": m["role"], "content": m.get("content") or ""}
-    if m.get("name"):
-        out["name"] = m["name"]
-    if m.get("tool_calls"):
-        out["tool_calls"] = [{"type": "function", "function": {
-            "name": c["function"]["name"],
-            "arguments": json.loads(c["function"]["arguments"]) if isinstance(c["function"]["arguments"], str)
-            else c["function"]["arguments"]}} for c in m["tool_calls"]]
-    return out
 
 
 class OpenAIProxy:
@@ -159,7 +146,7 @@ class OpenAIProxy:
         turns = self.turns_factory(tools)
         n = len(s.messages)
         if s.calls and len(messages) > n and [_normalise(m) for m in messages[:n]] == [_normalise(m) for m in s.messages]:
-            new = [_template_message(m) for m in messages[n:]]
+            new = [template_message(m) for m in messages[n:]]
             last_model = next((seg[0] for seg in reversed(s.segments) if seg[1]), [])
             text, ids = turns.observation_ids(new, last_model)
             s.segments.append((ids, False, None, None, text))
@@ -167,7 +154,7 @@ class OpenAIProxy:
         if s.calls:
             s.restarts += 1
         s.segments = []
-        _, s.prompt_ids = turns.prompt_ids([_template_message(m) for m in messages])
+        _, s.prompt_ids = turns.prompt_ids([template_message(m) for m in messages])
         return list(s.prompt_ids)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -215,11 +202,10 @@ class OpenAIProxy:
         if result.token_ids:
             s.segments.append((list(result.token_ids), True, list(result.log_probs), list(result.weight_versions), text))
         s.calls += 1
-        calls = [c for c in parse_tool_calls(text) if c.error is None]
+        plain, calls = split_tool_calls(text)
         if content is None:
-            content = TOOL_CALL.sub("", text).strip() if calls else text
-        tool_calls = [{"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
-                       "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]
+            content = plain
+        tool_calls = [openai_tool_call(c) for c in calls]
         finish = {"stop": "tool_calls" if calls else "stop", "length": "length"}.get(result.finish_reason, "length")
         message = {"role": "assistant", "content": content or None, **({"tool_calls": tool_calls} if tool_calls else {})}
         s.messages = list(messages) + [message]
@@ -253,8 +239,7 @@ class OpenAIProxy:
         result = GenerateResult("", tokens, log_probs, reason, versions[-1] if versions else s.handle.weight_version,
                                 {}, versions)
         whole = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        calls = [c for c in parse_tool_calls(whole) if c.error is None]
-        if rest := text.rest(TOOL_CALL.sub("", whole) if calls else whole):
+        if rest := text.rest(split_tool_calls(whole)[0]):
             await send({"content": rest})
         message, finish, usage = self._record(s, messages, ids, result, content=text.sent)
         for k, c in enumerate(message.get("tool_calls", [])):

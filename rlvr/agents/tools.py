@@ -40,12 +40,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from rlvr.errors import ConfigError
-from rlvr.types import Sample, Status
+from rlvr.core.errors import ConfigError
+from rlvr.engine.chat import TOOL_CALL, TOOL_CALL_END, ToolCall, parse_tool_calls  # noqa: F401 (re-exported)
+from rlvr.core.types import Sample, Status
 
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array", dict: "object"}
-TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-TOOL_CALL_END = "</tool_call>"
 
 
 # ---- schemas ---------------------------------------------------------------------------------
@@ -175,39 +174,6 @@ def _import(path: str):
 
 
 # ---- calls -------------------------------------------------------------------------------------
-@dataclass
-class ToolCall:
-    name: str
-    arguments: dict
-    error: str | None = None  # malformed: the observation is this error
-
-
-def parse_tool_calls(text: str) -> list[ToolCall]:
-    """Every ``<tool_call>{json}</tool_call>`` of a model turn, in order; a malformed one is a
-    ``ToolCall`` with ``error`` set (the model is told, the rollout goes on).
-
-    >>> [c.name for c in parse_tool_calls('x <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>')]
-    ['add']
-    >>> parse_tool_calls('<tool_call>{"name": add}</tool_call>')[0].error[:19]
-    'malformed tool call'
-    """
-    calls = []
-    for body in TOOL_CALL.findall(text):
-        try:
-            obj = json.loads(body.strip())
-            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-                raise ValueError('expected {"name": ..., "arguments": {...}}')
-            args = obj.get("arguments", {})
-            if isinstance(args, str):  # some models write the arguments as a JSON string
-                args = json.loads(args)
-            if not isinstance(args, dict):
-                raise ValueError("arguments must be a JSON object")
-            calls.append(ToolCall(obj["name"], args))
-        except (ValueError, json.JSONDecodeError) as e:
-            calls.append(ToolCall("", {}, f"malformed tool call: {type(e).__name__}: {e}"))
-    return calls
-
-
 async def run_tool(tools: dict[str, Callable], call: ToolCall, timeout: float) -> tuple[str, bool]:
     """(observation, ok) of one call: the tool's result as text, or an error observation."""
     if call.error is not None:
@@ -279,7 +245,7 @@ PYTHON = [python_tool]  # --tools rlvr.agents.tools:PYTHON
 # ---- the built-in loop ---------------------------------------------------------------------------
 async def generate_with_tools(cfg, sample: Sample, sampling_params: dict) -> Sample:
     """``--tools``: model turn, tool calls, observations, ... (module docstring)."""
-    from rlvr.agents.hooks import context
+    from rlvr.agents.context import context
 
     ctx = context()
     tools, turns, a = ctx.agent.tools, ctx.turns, cfg.agent

@@ -21,7 +21,7 @@ delta`` when the model turn ended without eos (stopped at ``</tool_call>`` or at
 
 from __future__ import annotations
 
-from rlvr.errors import ConfigError
+from rlvr.core.errors import ConfigError
 
 _USER, _ANSWER = "U", "A"
 

@@ -18,7 +18,7 @@ from rlvr.algo.advantages import (
     leave_one_out,
 )
 from rlvr.algo.aggregation import aggregate_loss, global_denominator, masked_mean, masked_whiten
-from rlvr.algo.config import AlgoConfig
+from rlvr.config.algo import AlgoConfig
 from rlvr.algo.corrections import (
     TIS_MODES,
     apply_corrections,

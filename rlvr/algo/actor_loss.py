@@ -29,7 +29,7 @@ from rlvr.algo.policy_loss import POLICY_LOSSES, policy_loss_name
 from rlvr.algo.score_centering import SamplerHead, score_centering_policy_loss
 
 if TYPE_CHECKING:
-    from rlvr.algo.config import AlgoConfig
+    from rlvr.config.algo import AlgoConfig
 
 
 def actor_loss(

@@ -28,10 +28,10 @@ from torch import Tensor
 
 from rlvr.algo.aggregation import masked_whiten
 from rlvr.algo.kl import compute_approx_kl
-from rlvr.registry import Registry
+from rlvr.core.registry import Registry
 
 if TYPE_CHECKING:  # config imports this module for its choices; avoid the cycle at runtime
-    from rlvr.algo.config import AlgoConfig
+    from rlvr.config.algo import AlgoConfig
 
 # Added to the group std before dividing (slime _post_process_rewards).
 GRPO_STD_EPS = 1e-6
@@ -93,7 +93,7 @@ def load_custom_estimator(path: str) -> str:
     name: the name ``fn`` was registered under by ``register_estimator`` in its module, or else
     ``path`` itself, registered now with the default traits (critic-free, not group-relative, the
     PPO loss). Idempotent, so every process that reads the config may call it."""
-    from rlvr.registry import load_function
+    from rlvr.core.registry import load_function
 
     fn = load_function(path, "--custom-advantage-function-path")
     for name in ADVANTAGES.names():
@@ -103,10 +103,18 @@ def load_custom_estimator(path: str) -> str:
     return path
 
 
+def estimator_name(cfg: AlgoConfig) -> str:
+    """The estimator a config names: ``--custom-advantage-function-path``'s (imported here, once
+    per process: ``load_custom_estimator`` is idempotent) or else ``--advantage-estimator``. The
+    config itself is not changed."""
+    if cfg.custom_advantage_function_path is not None:
+        return load_custom_estimator(cfg.custom_advantage_function_path)
+    return cfg.advantage_estimator
+
+
 def estimator_of(cfg: AlgoConfig) -> Estimator:
-    """The estimator a config names (after importing ``--custom-advantage-function-path``)."""
-    cfg.load_plugins()
-    return ADVANTAGES[cfg.advantage_estimator]
+    """The estimator a config names (``estimator_name``)."""
+    return ADVANTAGES[estimator_name(cfg)]
 
 
 # ---------------------------------------------------------------------------- pure building blocks

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Callable
 import torch
 from torch import Tensor
 
-from rlvr.registry import Registry, load_function
+from rlvr.core.registry import Registry, load_function
 
 if TYPE_CHECKING:
-    from rlvr.algo.config import AlgoConfig
+    from rlvr.config.algo import AlgoConfig
 
 Metrics = dict[str, Tensor]
 # A weight rule maps rho = p0 / q [B, T] and bounds to weights [B, T].
@@ -93,8 +93,8 @@ CustomTISFn = Callable[..., "tuple[Tensor, Tensor, Metrics]"]
 
 def load_custom_tis_function(path: str) -> CustomTISFn:
     """Load ``--custom-tis-function-path``: ``"pkg.module:fn"`` or ``"pkg.module.fn"`` (a slime
-    signature, ``fn(args, *, pg_loss, ...)``, is adapted: ``rlvr.slime_plugins.adapt_tis``)."""
-    from rlvr.slime_plugins import adapt_tis
+    signature, ``fn(args, *, pg_loss, ...)``, is adapted: ``rlvr.compat.slime.plugins.adapt_tis``)."""
+    from rlvr.compat.slime.plugins import adapt_tis
 
     return adapt_tis(load_function(path, "--custom-tis-function-path"))
 

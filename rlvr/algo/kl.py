@@ -25,17 +25,15 @@ from __future__ import annotations
 import math  # noqa: F401 (doctest)
 from typing import Callable
 
-import torch
+import torch  # noqa: F401 (doctest)
 from torch import Tensor
 
-from rlvr.registry import Registry
+from rlvr.config.algo import TOKEN_LEVEL_KL
+from rlvr.core.registry import Registry
 
 KLFn = Callable[[Tensor, "Tensor | None"], Tensor]
 # Each entry maps (log-ratio ``log p - log p_ref`` [B, T], optional IS ratio [B, T]) to [B, T].
 KL: Registry[KLFn] = Registry("KL estimator", flag="--kl-loss-type")
-
-# The exact per-position KL over the vocabulary (computed by the trainer, not from a log-ratio).
-TOKEN_LEVEL_KL = "token_level_kl"
 
 # The bound slime uses for low_var_kl.
 LOW_VAR_KL_CLAMP = 10.0

@@ -24,15 +24,10 @@ trainer counts them in ``train/opd_teacher_failures``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch  # noqa: F401 (doctest)
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from rlvr.algo.config import AlgoConfig
-
-OPD_TYPES = ("sglang", "megatron")
+from rlvr.config.algo import OPD_TYPES  # noqa: F401 (re-exported)
 
 
 def opd_advantages(advantages: Tensor, student_log_probs: Tensor, teacher_log_probs: Tensor, mask: Tensor,
@@ -50,16 +45,3 @@ def opd_advantages(advantages: Tensor, student_log_probs: Tensor, teacher_log_pr
     return advantages - coef * reverse_kl, reverse_kl
 
 
-def validate_opd(algo: AlgoConfig, rm_type: str, rm_url: str | None) -> None:
-    """The OPD rules between the algorithm and reward groups: a served teacher is read from
-    ``--rm-url``, which then cannot also be a remote reward model's."""
-    from rlvr.errors import ConfigError
-
-    if not algo.use_opd or algo.opd_type != "sglang":
-        return
-    if not rm_url:
-        raise ConfigError("--rm-url", "--opd-type sglang reads the teacher's log-probs from --rm-url: give the "
-                                      "teacher engine's /generate URL (e.g. http://127.0.0.1:30000/generate)")
-    if "remote_rm" in rm_type:
-        raise ConfigError("--rm-type", "remote_rm also reads --rm-url, which --opd-type sglang uses for the "
-                                       "teacher; use a rule-based or judge reward, or --opd-type megatron")

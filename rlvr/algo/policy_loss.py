@@ -19,10 +19,10 @@ import torch
 from torch import Tensor
 
 from rlvr.algo.advantages import estimator_of
-from rlvr.registry import Registry
+from rlvr.core.registry import Registry
 
 if TYPE_CHECKING:
-    from rlvr.algo.config import AlgoConfig
+    from rlvr.config.algo import AlgoConfig
 
 Metrics = dict[str, Tensor]
 PolicyLossFn = Callable[[Tensor, Tensor, Tensor, Tensor, "AlgoConfig"], "tuple[Tensor, Metrics]"]
@@ -186,7 +186,8 @@ def reinforce_loss(log_probs, old_log_probs, advantages, loss_mask, cfg) -> tupl
 def policy_loss_name(cfg: AlgoConfig) -> str:
     """The ``POLICY_LOSSES`` name for this config: ``--pg-loss-type`` if set, else the estimator's
     own (its ``policy_loss`` trait: slime's policy_loss_function picks gspo's sequence ratio for
-    gspo, CISPO for cispo, and the clipped PPO loss for everything else, DCPO included)."""
+    gspo, CISPO for cispo, and the clipped PPO loss for everything else, DCPO included; with
+    ``--use-score-centering``, which is a REINFORCE loss, ``reinforce``)."""
     if cfg.pg_loss_type is not None:
         return cfg.pg_loss_type
-    return estimator_of(cfg).policy_loss
+    return "reinforce" if cfg.use_score_centering else estimator_of(cfg).policy_loss

@@ -27,10 +27,10 @@ import torch
 from torch import Tensor
 
 from rlvr.algo.corrections import TIS_MODES, score_centering_loss
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 
 if TYPE_CHECKING:
-    from rlvr.algo.config import AlgoConfig
+    from rlvr.config.algo import AlgoConfig
 
 
 @dataclass

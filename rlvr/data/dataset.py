@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import torch
 
 from rlvr.data.readers import open_rows, row_error
-from rlvr.errors import DataError
+from rlvr.core.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -182,13 +182,13 @@ class DataSource:
         return out
 
     def state_dict(self) -> dict:
-        from rlvr.types import sample_to_dict
+        from rlvr.core.types import sample_to_dict
 
         buffer = [[sample_to_dict(s) for s in group] for group in self.buffer]
         return {"epoch": self.epoch, "offset": self.offset, "buffer": buffer}
 
     def load_state_dict(self, state: dict) -> None:
-        from rlvr.types import sample_from_dict
+        from rlvr.core.types import sample_from_dict
 
         self.epoch, self.offset = state["epoch"], state["offset"]
         self.buffer = [[sample_from_dict(s) for s in group] for group in state.get("buffer", [])]

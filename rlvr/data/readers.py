@@ -22,7 +22,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Iterator, Protocol
 
-from rlvr.errors import DataError
+from rlvr.core.errors import DataError
 
 
 class Rows(Protocol):

@@ -6,8 +6,8 @@
     weight_sync.py      rank 0 -> object store -> engines, versioned, checksummed
     failures.py         the first actor failure stops the run, with its traceback
 
-``start_on_ray(cfg)`` returns the driver's ``Components`` (``rlvr.build``) whose rollout and trainer
-are proxies of the actor groups; the driver (``rlvr.loop.run``) calls ``close`` on every exit (normal
+``start_on_ray(cfg)`` returns the driver's ``Components`` (``rlvr.runtime.build``) whose rollout and trainer
+are proxies of the actor groups; the driver (``rlvr.runtime.loop.run``) calls ``close`` on every exit (normal
 end, exception, Ctrl-C): actors killed, placement group removed, and the local Ray cluster stopped
 when this run started it.
 """
@@ -20,7 +20,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
-    from rlvr.build import Components
+    from rlvr.runtime.build import Components
     from rlvr.config import Config
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 def start_on_ray(cfg: Config) -> Components:
     """The run's components on Ray: training ranks and rollout engines as actors."""
-    from rlvr.build import Components, check_fits_micro_batch, load_tokenizer, open_training_data, read_eval_sets
+    from rlvr.runtime.build import Components, check_fits_micro_batch, load_tokenizer, open_training_data, read_eval_sets
 
     tokenizer = load_tokenizer(cfg.train.hf_checkpoint)
     check_fits_micro_batch(cfg, open_training_data(cfg, tokenizer))  # refused before any actor starts

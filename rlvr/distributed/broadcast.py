@@ -4,7 +4,7 @@ The other way (``object_store``, ``rlvr.distributed.weight_sync``) puts rank 0's
 object store, which on one node is shared memory and across nodes a copy per reading node. This
 one is slime's disaggregated path (seed 003: weights streamed to the engines after each step):
 rank 0 and the M engine actors form a process group of their own (rank 0 = training rank 0,
-rank 1 + i = engine i; NCCL between GPUs, gloo on CPU, ``rlvr.device.process_group_backend``),
+rank 1 + i = engine i; NCCL between GPUs, gloo on CPU, ``rlvr.core.device.process_group_backend``),
 separate from the training ranks' group, rendezvousing on a TCP store that training rank 0 hosts.
 
 Every push streams bucket by bucket: consecutive tensors of one dtype are flattened into one
@@ -81,7 +81,7 @@ class WeightBroadcast:
 
     def __init__(self, host: str, port: int, rank: int, world_size: int, device: torch.device,
                  timeout: timedelta = timedelta(minutes=10)):
-        from rlvr.device import process_group_backend
+        from rlvr.core.device import process_group_backend
 
         self.device = torch.device(device)
         store = dist.PrefixStore(STORE_PREFIX, dist.TCPStore(host, port, world_size, is_master=rank == 0,

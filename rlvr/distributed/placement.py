@@ -13,8 +13,8 @@ than the machine has cores (``start`` sizes it to the bundles). A GPU bundle is
 ``{"CPU": 1, "GPU": 1}`` (``--actor-num-gpus-per-node`` for the ranks, ``--rollout-num-gpus`` for
 disaggregated engines, one GPU each). Colocated, an engine asks for the same fraction of its
 bundle's GPU as of its CPU, so Ray gives it the rank's GPU id (``CUDA_VISIBLE_DEVICES``) and the
-two processes share that GPU. An actor in a GPU bundle computes on ``cuda`` (``rlvr.device.for_actor``);
-training ranks on GPUs form an NCCL group, on CPUs a gloo one (``rlvr.device.process_group_backend``).
+two processes share that GPU. An actor in a GPU bundle computes on ``cuda`` (``rlvr.core.device.for_actor``);
+training ranks on GPUs form an NCCL group, on CPUs a gloo one (``rlvr.core.device.process_group_backend``).
 ``start`` refuses a plan that needs more GPUs than the machine (or the ``--ray-address`` cluster)
 has, naming the flags. The rollout manager is a light actor outside the group (0 CPUs).
 """
@@ -25,7 +25,7 @@ import logging
 import os
 from dataclasses import dataclass
 
-from rlvr.distributed.config import ClusterConfig
+from rlvr.config.cluster import ClusterConfig
 
 log = logging.getLogger(__name__)
 
@@ -114,9 +114,9 @@ def start(cluster: ClusterConfig, p: Plan) -> bool:
     in this process (tests share one) is used as it is."""
     import ray
 
-    from rlvr.device import cuda_count
-    from rlvr.errors import ConfigError
-    from rlvr.testing import LOGICAL_GPUS_ENV, logical_gpus
+    from rlvr.core.device import cuda_count
+    from rlvr.core.errors import ConfigError
+    from rlvr.core.testing import LOGICAL_GPUS_ENV, logical_gpus
 
     if ray.is_initialized():
         check_cluster_gpus(cluster, p)
@@ -143,7 +143,7 @@ def check_cluster_gpus(cluster: ClusterConfig, p: Plan) -> None:
     """Refuse a plan the running Ray cluster has too few GPUs for (before waiting on the group)."""
     import ray
 
-    from rlvr.errors import ConfigError
+    from rlvr.core.errors import ConfigError
 
     have = int(ray.cluster_resources().get("GPU", 0))
     short = gpu_shortage(cluster, p, have)

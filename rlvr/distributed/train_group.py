@@ -1,6 +1,6 @@
 """The training group: N Ray actors, one ``Trainer`` each, forming one torch.distributed group.
 
-Each ``TrainWorker`` is a rank (NCCL in GPU bundles, gloo in CPU ones: ``rlvr.device``) holding the ordinary
+Each ``TrainWorker`` is a rank (NCCL in GPU bundles, gloo in CPU ones: ``rlvr.core.device``) holding the ordinary
 single-process ``Trainer`` with a ``DataParallel`` strategy (DDP or FSDP2, ``--train-backend``):
 every rank receives the whole rollout (one object-store copy), computes the advantages of all
 of it (cheap; group statistics need whole groups) and trains on its share, split by token count
@@ -28,13 +28,13 @@ from pathlib import Path
 import ray
 import torch
 
-from rlvr.colocate import move_optimizer_state
+from rlvr.runtime.colocate import move_optimizer_state
 from rlvr.config import Config
 from rlvr.distributed.failures import get_all
 from rlvr.distributed.placement import Plan, actor_setup, in_bundle, placement_info
 from rlvr.distributed.weight_sync import WeightsRef, checksum, from_store, to_store
 from rlvr.train.guard import BadStepGuard
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 
 PROCESS_GROUP_TIMEOUT = timedelta(minutes=10)  # a rank stuck longer than this in a collective fails
 
@@ -52,7 +52,7 @@ class TrainWorker:
         actor_setup(cwd)
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.trainer = None
-        from rlvr.device import for_actor
+        from rlvr.core.device import for_actor
 
         self.device = for_actor(cfg.cluster.gpus_per_train_rank > 0)  # its bundle's GPU, else CPU
 
@@ -63,8 +63,8 @@ class TrainWorker:
     def setup(self, host: str, port: int) -> int:
         import torch.distributed as dist
 
-        from rlvr.build import make_trainer
-        from rlvr.device import process_group_backend
+        from rlvr.runtime.build import make_trainer
+        from rlvr.core.device import process_group_backend
         from rlvr.train.parallel import DataParallel
 
         if self.device.type == "cuda":
@@ -78,7 +78,7 @@ class TrainWorker:
     def placement(self) -> dict:
         """Where Ray put this rank: its GPU ids, CUDA_VISIBLE_DEVICES, device, and the process-group
         backend ``setup`` uses (tests)."""
-        from rlvr.device import process_group_backend
+        from rlvr.core.device import process_group_backend
 
         return placement_info(self.device) | {"backend": process_group_backend(self.device)}
 

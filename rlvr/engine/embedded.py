@@ -27,7 +27,7 @@ their log-probs together, ``_to_host``: stop checks and results need them), neve
 per token. The stream that draws each request's seed stays a CPU generator, so a checkpoint's
 engine state is the same kind of tensor on every device.
 
-Memory budget (``kv_budget_bytes``, from ``--sglang-mem-fraction-static``; ``rlvr.build``): the
+Memory budget (``kv_budget_bytes``, from ``--sglang-mem-fraction-static``; ``rlvr.runtime.build``): the
 KV cache may hold at most this many bytes, charged as ``kv.footprint`` (rows x their widest
 prompt + max new tokens x bytes per cached token, measured on the model, doubled for the growing
 buffer). Admission takes rows only while the charge fits; a request that cannot fit even alone
@@ -596,8 +596,8 @@ class EmbeddedEngine:
 
 def kv_budget_from_fraction(fraction: float, model: torch.nn.Module, device: torch.device) -> int:
     """KV bytes left when the engine may hold ``fraction`` of the device's memory
-    (``rlvr.device.total_memory_bytes``) and its weights take their share first."""
-    from rlvr.device import module_bytes, total_memory_bytes
+    (``rlvr.core.device.total_memory_bytes``) and its weights take their share first."""
+    from rlvr.core.device import module_bytes, total_memory_bytes
 
     total, weights = total_memory_bytes(device), module_bytes(model)
     budget = int(fraction * total) - weights

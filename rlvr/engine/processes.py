@@ -1,7 +1,7 @@
 """``ServeProcesses``: the supervisor's transport for ``rlvr serve`` subprocesses on 127.0.0.1.
 
 Local mode's engines when ``--rollout-num-engines`` > 1 or ``--use-fault-tolerance``
-(``rlvr.build.build_engine``): each engine is a ``python -m rlvr.cli serve`` process on a free port
+(``rlvr.runtime.build.build_engine``): each engine is a ``python -m rlvr.entrypoints.cli serve`` process on a free port
 (the worktree's code: the process inherits this one's working directory and environment), its
 output in ``log_dir/engine<i>.log``. A request is one ``/generate`` POST in SGLang's wire format
 (``client.sglang_payload`` / ``parse_output``); health is ``/health``; weights are written once as
@@ -74,7 +74,7 @@ class ServeProcesses:
     def launch(self, index: int, restarts: int) -> ServeProcess:
         port = free_port()
         seed = self.seed + 1009 * index + 7919 * restarts
-        cmd = [sys.executable, "-m", "rlvr.cli", "serve", "--hf-checkpoint", self.checkpoint, "--port", str(port),
+        cmd = [sys.executable, "-m", "rlvr", "serve", "--hf-checkpoint", self.checkpoint, "--port", str(port),
                "--seed", str(seed), "--max-running-requests", str(self.max_running_requests)]
         if self.routed_experts_top_k:
             cmd.append("--enable-return-routed-experts")

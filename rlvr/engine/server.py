@@ -42,6 +42,7 @@ from aiohttp import web
 from safetensors.torch import load_file
 
 from rlvr.engine.base import GenerateRequest, GenerateResult, SamplingParams
+from rlvr.engine.chat import openai_tool_call, split_tool_calls, template_message
 from rlvr.engine.client import encode_routed_experts
 from rlvr.engine.embedded import EmbeddedEngine
 
@@ -330,11 +331,8 @@ class Server:
             raise BadRequest("field 'messages' must be a non-empty list of {role, content} objects")
         if not getattr(self.tokenizer, "chat_template", None):
             raise BadRequest("this model's tokenizer has no chat template; use /v1/completions")
-        from rlvr.agents.openai_proxy import _template_message
-        from rlvr.agents.tools import TOOL_CALL, parse_tool_calls
-
         tools = body.get("tools")
-        text = self.tokenizer.apply_chat_template([_template_message(m) for m in messages], tools=tools,
+        text = self.tokenizer.apply_chat_template([template_message(m) for m in messages], tools=tools,
                                                   tokenize=False, add_generation_prompt=True)
         prompts = [self._encode(text, "messages")]
         params, n = self._openai_params(body)
@@ -344,12 +342,10 @@ class Server:
         choices = []
         for i, r in enumerate(results):
             content = self._text(r, params)
-            calls = [c for c in parse_tool_calls(content) if c.error is None] if tools else []
-            message = {"role": "assistant", "content": TOOL_CALL.sub("", content).strip() if calls else content}
+            plain, calls = split_tool_calls(content) if tools else (content, [])
+            message = {"role": "assistant", "content": plain}
             if calls:  # Hermes <tool_call> blocks as OpenAI tool calls
-                message["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
-                                          "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
-                                         for c in calls]
+                message["tool_calls"] = [openai_tool_call(c) for c in calls]
             finish = "tool_calls" if calls and r.finish_reason == "stop" else r.finish_reason
             choice = {"index": i, "message": message, "finish_reason": finish}
             if body.get("logprobs"):
@@ -367,7 +363,6 @@ class Server:
         chunk object: ``text_completion`` (``choices[].text``) or ``chat.completion.chunk``
         (``choices[].delta``: role, content -- text inside a ``<tool_call>`` block is held back and
         sent as ``tool_calls`` at the end -- and the finish reason). The last chunk carries ``usage``."""
-        from rlvr.agents.tools import TOOL_CALL, parse_tool_calls
         from rlvr.engine.streaming import TextStream
 
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -394,12 +389,11 @@ class Server:
                     await send(i, {"content": delta})
             result = GenerateResult("", tokens, [], reason, 0)
             content = self._text(result, params)
-            calls = [c for c in parse_tool_calls(content) if c.error is None] if chat and tools else []
-            if rest := text.rest(TOOL_CALL.sub("", content) if calls else content):
+            plain, calls = split_tool_calls(content) if chat and tools else (content, [])
+            if rest := text.rest(plain):
                 await send(i, {"content": rest})
             for k, c in enumerate(calls):
-                await send(i, {"tool_calls": [{"index": k, "id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
-                                               "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}]})
+                await send(i, {"tool_calls": [openai_tool_call(c, k)]})
             finish = "tool_calls" if calls and reason == "stop" else reason
             results[i] = result
             if sum(r is not None for r in results) < len(results):
@@ -442,7 +436,7 @@ async def _errors(request: web.Request, handler):
 
 
 def main(argv: list[str]) -> None:
-    from rlvr.errors import ConfigError
+    from rlvr.core.errors import ConfigError
     from rlvr.data.tokenizer import load_tokenizer
 
     p = argparse.ArgumentParser(prog="rlvr serve", description="serve a HF checkpoint over SGLang's HTTP protocol")
@@ -464,7 +458,7 @@ def main(argv: list[str]) -> None:
         raise ConfigError("--max-running-requests", f"must be >= 1, got {a.max_running_requests}")
     if a.mem_fraction_static is not None and not 0 < a.mem_fraction_static <= 1:
         raise ConfigError("--mem-fraction-static", f"must be in (0, 1], got {a.mem_fraction_static}")
-    from rlvr.device import resolve
+    from rlvr.core.device import resolve
 
     device = resolve(a.device)
     tokenizer = load_tokenizer(a.hf_checkpoint)

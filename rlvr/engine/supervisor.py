@@ -4,7 +4,7 @@
 ``Transport`` -- how one kind of engine is started, probed, killed, fed weights and sent work.
 There are two: ``rlvr.engine.processes.ServeProcesses`` (``rlvr serve`` subprocesses on 127.0.0.1,
 over SGLang's HTTP protocol: local mode with ``--rollout-num-engines`` > 1 or
-``--use-fault-tolerance``) and ``rlvr.distributed.engine_faults.RayActors`` (embedded-engine
+``--use-fault-tolerance``) and ``rlvr.distributed.engines.RayActors`` (embedded-engine
 actors under ``--ray --use-fault-tolerance``). The policy below is written once, here, for both.
 
 Calls go to the live engine with the fewest outstanding requests, the turns of one session
@@ -33,7 +33,7 @@ A down engine is:
    goes on with the others, and fails with ``EnginesLost`` when none is left.
 
 The monitor survives its own errors: an exception while checking one engine (a transport bug,
-an injected ``rlvr.testing.fault_point("engine-monitor")``) is logged and the next check goes on.
+an injected ``rlvr.core.testing.fault_point("engine-monitor")``) is logged and the next check goes on.
 Without fault tolerance (several local engines only) a down engine is removed, not restarted.
 ``stats()`` feeds ``rollout/engine_restarts``, ``rollout/engine_reissued_requests`` and
 ``rollout/engines_up`` into every rollout's metrics; ``events`` records every down / restarted /
@@ -53,8 +53,8 @@ from typing import Any, Callable, Protocol
 
 from rlvr.engine.balance import Affinity
 from rlvr.engine.base import GenerateRequest, GenerateResult
-from rlvr.engine.config import EngineConfig
-from rlvr.testing import fault_point
+from rlvr.config.engine import EngineConfig
+from rlvr.core.testing import fault_point
 
 log = logging.getLogger(__name__)
 

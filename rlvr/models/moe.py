@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from rlvr.registry import Registry
+from rlvr.core.registry import Registry
 
 # (router module, router logits [N, E], expert indices [N, k]) -> gate weights [N, k] in the logits' dtype
 GateRule = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]

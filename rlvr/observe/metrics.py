@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from rlvr.jsonl import iter_objects
+from rlvr.core.jsonl import iter_objects
 
 STEP_KEYS = ("rollout/step", "train/step", "eval/step")
 METRICS_FILE = "metrics.jsonl"

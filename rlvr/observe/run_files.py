@@ -18,12 +18,12 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlvr.jsonl import iter_objects
+from rlvr.core.jsonl import iter_objects
 from rlvr.observe.metrics import MetricsLogger
 
 if TYPE_CHECKING:
     from rlvr.config import Config
-    from rlvr.types import RolloutBatch, Sample
+    from rlvr.core.types import RolloutBatch, Sample
 
 log = logging.getLogger(__name__)
 

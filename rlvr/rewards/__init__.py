@@ -18,10 +18,10 @@ import dataclasses
 import functools
 from typing import Any, Callable
 
-from rlvr.rewards.config import RewardConfig
+from rlvr.config.reward import RewardConfig
 from rlvr.rewards.grader import Grader, Outcome, outcome_of
 from rlvr.rewards.registry import REWARDS
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 
 RewardFn = Callable[[Sample], "float | dict"]
 

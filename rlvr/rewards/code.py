@@ -25,10 +25,10 @@ import re
 import weakref
 from typing import Any
 
-from rlvr.rewards.config import RewardConfig
+from rlvr.config.reward import RewardConfig
 from rlvr.rewards.registry import REWARDS
 from rlvr.rewards.sandbox import RunResult, SandboxLimits, run_program
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 
 _FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 _PYTHON_TAGS = {"", "python", "py", "python3"}

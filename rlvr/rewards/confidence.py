@@ -14,7 +14,7 @@ import re
 from rlvr.rewards.grader import inline
 from rlvr.rewards.math import math_reward
 from rlvr.rewards.registry import REWARDS
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 
 _CONFIDENCE = re.compile(r"confidence\s*[:=]\s*([0-9]*\.?[0-9]+)", re.IGNORECASE)
 
@@ -23,7 +23,7 @@ _CONFIDENCE = re.compile(r"confidence\s*[:=]\s*([0-9]*\.?[0-9]+)", re.IGNORECASE
 @REWARDS.register("math_confidence")
 def math_confidence_reward(sample: Sample) -> dict:
     """
-    >>> from rlvr.types import Sample
+    >>> from rlvr.core.types import Sample
     >>> math_confidence_reward(Sample("", [], label="46", response="46 confidence: 0.8"))
     {'score': 1.0, 'confidence': 0.8, 'confidence_char_pos': 3}
     >>> math_confidence_reward(Sample("", [], label="46", response="45"))

@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 
 from rlvr.rewards.registry import REWARDS
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 
 TAIL_CHARS = 300
 STRICT_BOX_CHARS = 100  # slime's is_correct_strict_box reads only these last characters
@@ -111,7 +111,7 @@ def _strict_box(tail: str) -> str | None:
 def dapo_reward(sample: Sample, strict_box: bool = False) -> dict:
     """DAPO's reward: ``score`` 1.0 when the last ``Answer:`` line matches the integer label, else -1.0.
 
-    >>> from rlvr.types import Sample
+    >>> from rlvr.core.types import Sample
     >>> dapo_reward(Sample("", [], label="1000", response="so...\\nAnswer: $1,000$"))
     {'score': 1.0, 'acc': 1.0, 'pred': '1000'}
     >>> dapo_reward(Sample("", [], label="42", response="\\\\boxed{42}"))

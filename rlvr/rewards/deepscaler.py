@@ -23,7 +23,7 @@ from __future__ import annotations
 from rlvr.rewards.grader import inline
 from rlvr.rewards.math import is_equivalent, last_boxed
 from rlvr.rewards.registry import REWARDS
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 
 
 def solution_part(response: str) -> str | None:
@@ -48,7 +48,7 @@ def solution_part(response: str) -> str | None:
 def deepscaler_reward(sample: Sample) -> float:
     """1.0 when the boxed answer after ``</think>`` equals the label, else 0.0.
 
-    >>> from rlvr.types import Sample
+    >>> from rlvr.core.types import Sample
     >>> deepscaler_reward(Sample("", [], label="\\\\frac{1}{2}", response="<think>...</think> \\\\boxed{0.5}"))
     1.0
     >>> deepscaler_reward(Sample("", [], label="7", response="<think>so \\\\boxed{7}"))

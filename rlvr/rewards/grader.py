@@ -32,9 +32,9 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from rlvr.errors import ConfigError
-from rlvr.rewards.config import RewardConfig
-from rlvr.types import Sample
+from rlvr.config.reward import RewardConfig
+from rlvr.rewards.registry import check_reward_config, parse_rm_type  # noqa: F401 (re-exported)
+from rlvr.core.types import Sample
 
 log = logging.getLogger(__name__)
 
@@ -43,37 +43,6 @@ def inline(fn: Callable) -> Callable:
     """Mark a cheap sync reward to run on the event-loop thread instead of a worker thread."""
     fn.inline = True
     return fn
-
-
-def parse_rm_type(text: str) -> dict[str, float]:
-    """``--rm-type`` as ``{reward name: weight}``.
-
-    >>> parse_rm_type("math")
-    {'math': 1.0}
-    >>> parse_rm_type("math=0.9, format=0.1")
-    {'math': 0.9, 'format': 0.1}
-    >>> parse_rm_type("nope")
-    Traceback (most recent call last):
-    ...
-    rlvr.errors.ConfigError: --rm-type: unknown reward 'nope'; valid: ...
-    """
-    from rlvr.rewards.registry import REWARDS
-
-    parts: dict[str, float] = {}
-    for item in (p.strip() for p in text.split(",")):
-        name, sep, weight = item.partition("=")
-        name = name.strip()
-        if not name:
-            raise ConfigError("--rm-type", f"empty reward name in {text!r}; write e.g. 'math' or 'math=0.9,format=0.1'")
-        if name not in REWARDS:
-            raise ConfigError("--rm-type", f"unknown reward {name!r}; valid: {', '.join(REWARDS.names())}")
-        if name in parts:
-            raise ConfigError("--rm-type", f"reward {name!r} appears twice in {text!r}")
-        try:
-            parts[name] = float(weight) if sep else 1.0
-        except ValueError:
-            raise ConfigError("--rm-type", f"weight of {name!r} must be a number, got {weight!r}") from None
-    return parts
 
 
 def build_reward(name: str, cfg: RewardConfig) -> Callable:
@@ -141,11 +110,11 @@ class Grader:
 
     def __init__(self, cfg: RewardConfig, args=None):
         """``args``: what a slime-signature ``--custom-rm-path`` reward gets as its ``args``
-        (``rlvr.slime_plugins.SlimeArgs``; default the reward settings only)."""
-        from rlvr.registry import load_function
-        from rlvr.slime_plugins import SlimeArgs, adapt_reward
+        (``rlvr.compat.slime.plugins.SlimeArgs``; default the reward settings only)."""
+        from rlvr.core.registry import load_function
+        from rlvr.compat.slime.plugins import SlimeArgs, adapt_reward
 
-        cfg.validate()  # the one place the reward settings are checked (also for score/grade)
+        check_reward_config(cfg)  # the one place the reward settings are checked (also for score/grade)
         self.cfg = cfg
         self.group_fn: Callable | None = None
         self.parts: dict[str, tuple[Callable, float]] = {}

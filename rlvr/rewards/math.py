@@ -49,7 +49,7 @@ from rlvr.rewards.math_extract import (  # noqa: F401
     split_thinking,
 )
 from rlvr.rewards.registry import REWARDS
-from rlvr.types import Sample, Status
+from rlvr.core.types import Sample, Status
 
 __all__ = [  # the math grader's public names, some defined in math_extract / math_equiv
     "DEFAULT", "FALLBACK_TAIL", "MAX_ANSWER_CHARS", "MAX_SCAN_CHARS", "PERCENT_POLICIES", "MathOptions",
@@ -151,7 +151,7 @@ def grade_math(sample: Sample, opts: MathOptions = DEFAULT) -> float:
 def math_reward(sample: Sample) -> float:
     """``grade_math`` with the default options (``--math-percent-policy value``, exact numbers).
 
-    >>> from rlvr.types import Sample, Status
+    >>> from rlvr.core.types import Sample, Status
     >>> math_reward(Sample(prompt="", prompt_ids=[], label="0.5", response="so \\\\boxed{\\\\frac12}"))
     1.0
     >>> math_reward(Sample("", [], label="A", response="The answer is \\\\boxed{A, C}."))

@@ -30,9 +30,9 @@ from typing import Any
 
 import aiohttp
 
-from rlvr.rewards.config import RewardConfig
+from rlvr.config.reward import RewardConfig
 from rlvr.rewards.registry import REWARDS
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ def chat_completions_url(base: str) -> str:
 
 def load_judge_template(path: str | None) -> str:
     """The prompt template; it must name {response} and format with prompt/response/label only."""
-    from rlvr.errors import ConfigError
+    from rlvr.core.errors import ConfigError
 
     template = Path(path).read_text() if path else DEFAULT_JUDGE_PROMPT
     try:

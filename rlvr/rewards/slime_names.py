@@ -32,7 +32,7 @@ import string
 from rlvr.rewards.grader import build_reward, inline
 from rlvr.rewards.math import _choice_readings, choice_letters
 from rlvr.rewards.math_extract import boxes
-from rlvr.types import Sample, Status
+from rlvr.core.types import Sample, Status
 
 BOXED_BASES = ("math", "dapo", "deepscaler", "f1", "exact_match")
 LETTERS = string.ascii_uppercase[:10]
@@ -84,7 +84,7 @@ def gpqa_letter(label, metadata: dict) -> str:
 def gpqa_reward(sample: Sample) -> float:
     """1.0 when the final answer names exactly the correct option letter.
 
-    >>> from rlvr.types import Sample
+    >>> from rlvr.core.types import Sample
     >>> gpqa_reward(Sample("", [], label="B", response="The answer is (B)."))
     1.0
     >>> gpqa_reward(Sample("", [], label="B", response="B or C"))

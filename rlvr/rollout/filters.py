@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from rlvr.registry import Registry
-from rlvr.types import Sample
+from rlvr.core.registry import Registry
+from rlvr.core.types import Sample
 
 GroupFilter = Callable[[list[Sample]], bool]
 FILTERS: Registry[GroupFilter] = Registry("dynamic sampling filter", flag="--dynamic-sampling-filter-path")

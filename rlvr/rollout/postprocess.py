@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Callable
 
 from rlvr.algo.advantages import DCPO_CONFIDENCE, DCPO_CONFIDENCE_MASK
-from rlvr.registry import Registry
-from rlvr.types import Sample
+from rlvr.core.registry import Registry
+from rlvr.core.types import Sample
 
 PostProcess = Callable[[list[Sample], object], None]
 POST_PROCESS: Registry[PostProcess] = Registry("reward post-process", flag="--custom-reward-post-process-path")

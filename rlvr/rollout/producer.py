@@ -1,6 +1,6 @@
 """Where the driver's batches come from: synchronously, or from an asynchronous producer.
 
-The driver (``rlvr.loop.run``) asks a *batch source* for rollout ``r``'s batch, trains on it and
+The driver (``rlvr.runtime.loop.run``) asks a *batch source* for rollout ``r``'s batch, trains on it and
 hands the new weights back; the two sources here are the strategy ``--async`` picks (STYLE
 point 4: async is a strategy passed to the same driver, not a second loop):
 
@@ -58,7 +58,7 @@ from typing import Mapping
 
 import torch
 
-from rlvr.types import RolloutBatch, Sample, Status, sample_to_dict
+from rlvr.core.types import RolloutBatch, Sample, Status, sample_to_dict
 
 log = logging.getLogger(__name__)
 

@@ -29,12 +29,12 @@ from rlvr.config import EvalConfig, RolloutConfig
 from rlvr.data.dataset import DataSource, PromptRecord, render_prompt
 from rlvr.engine.base import Engine, GenerateRequest, GenerateResult, SamplingParams
 from rlvr.observe.metrics import compute_statistics
-from rlvr.registry import resolve
+from rlvr.core.registry import resolve
 from rlvr.rewards.grader import Grader
 from rlvr.rollout.filters import FILTERS
 from rlvr.rollout.postprocess import POST_PROCESS
-from rlvr.slime_plugins import SlimeArgs, adapt_filter, adapt_post_process
-from rlvr.types import RolloutBatch, Sample, Status
+from rlvr.compat.slime.plugins import SlimeArgs, adapt_filter, adapt_post_process
+from rlvr.core.types import RolloutBatch, Sample, Status
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class Rollout:
         self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
         self.data_source, self.grader = data_source, grader
         self.apply_chat_template, self.chat_template_kwargs = apply_chat_template, chat_template_kwargs
-        # What slime-signature plugins get as ``args`` (rlvr.slime_plugins; default: the rollout settings)
+        # What slime-signature plugins get as ``args`` (rlvr.compat.slime.plugins; default: the rollout settings)
         self.slime_args = slime_args or SlimeArgs(cfg)
         self.group_filter = (
             adapt_filter(resolve(FILTERS, cfg.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path"),
@@ -373,7 +373,7 @@ def remove_samples(path: str, args, groups: list[list[Sample]]) -> int:
     """slime's ``--rollout-sample-filter-path``: ``fn(args, groups)`` sets ``remove_sample = True``
     on samples that must not train; those get loss mask 0 (they stay in the batch, so group
     statistics are unchanged, as in slime). Returns how many were removed."""
-    from rlvr.registry import load_function
+    from rlvr.core.registry import load_function
 
     load_function(path, "--rollout-sample-filter-path")(args, groups)
     removed = 0
@@ -400,7 +400,7 @@ def dcpo_metrics(samples: list[Sample]) -> dict[str, float]:
     / ``dcpo``): accuracy, confidence, the share that stated one, calibration error |acc - conf|
     and the Brier score (acc - conf)^2; ``{}`` otherwise.
 
-    >>> from rlvr.types import Sample
+    >>> from rlvr.core.types import Sample
     >>> s = [Sample("p", [1], reward={"score": 1.0, "confidence": 0.8, "confidence_char_pos": 3}),
     ...      Sample("p", [1], reward={"score": 0.0, "confidence": 0.0, "confidence_char_pos": -1})]
     >>> {k: round(v, 3) for k, v in dcpo_metrics(s).items()}["dcpo/brier"]
@@ -439,7 +439,7 @@ def source_metrics(samples: list[Sample]) -> dict[str, float]:
     """Per-source statistics, ``<source>/raw_reward`` etc., for samples whose prompt metadata
     carries ``source_name`` (a mixed dataset); ``{}`` when none does.
 
-    >>> from rlvr.types import Sample
+    >>> from rlvr.core.types import Sample
     >>> s = [Sample("p", [1], metadata={"source_name": "gsm8k"}, reward=1.0, response_ids=[5, 6]),
     ...      Sample("p", [1], metadata={"source_name": "math"}, reward=0.0, response_ids=[5])]
     >>> source_metrics(s)["gsm8k/raw_reward"], source_metrics(s)["math/response_len/mean"]

@@ -23,7 +23,7 @@ from rlvr.algo import aggregate_loss, compute_value_loss
 from rlvr.train.packing import ATTN_IMPLEMENTATION, pack, response_hidden, to_rows
 from rlvr.train.parallel import SingleProcess
 from rlvr.train.step import Learner, accumulate, optimizer_step
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 
 
 class Critic(torch.nn.Module):

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from rlvr.errors import TrainingStopped
+from rlvr.core.errors import TrainingStopped
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from rlvr.errors import ConfigError
+from rlvr.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -57,7 +57,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from rlvr.algo.score_centering import head_token_ids
 from rlvr.train.routing_replay import set_replay_plan
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 
 ATTN_IMPLEMENTATION = "rlvr_varlen"
 

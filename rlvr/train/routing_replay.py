@@ -25,7 +25,7 @@ import logging
 import torch
 
 from rlvr.models.moe import RoutingReplay
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ import torch
 
 from rlvr.rewards.remote import post_json
 from rlvr.train.packing import Layout, response_log_probs
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def teacher_of(algo, reward, train) -> LoadedTeacher | ServedTeacher | None:
         return ServedTeacher(reward.rm_url, reward.rm_retries, reward.rm_deadline)
     from transformers import AutoConfig
 
-    from rlvr.errors import ConfigError
+    from rlvr.core.errors import ConfigError
     from rlvr.train.trainer import load_policy
 
     model = load_policy(algo.opd_teacher_load, train.bf16)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rlvr.train.packing import KLReference, Layout, decoder_and_head, response_hidden, to_rows, token_log_probs
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 
 
 @dataclass

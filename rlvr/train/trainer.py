@@ -13,7 +13,7 @@ Micro-batches are packed (``packing.py``: no padding, attention within each samp
 token count (``batching.micro_batches``: first-fit count, Karmarkar–Karp balance, never over the
 cap, never empty) or by sample count. A sample longer than ``--max-tokens-per-gpu`` on its own is
 left out of training (its loss mask is zeroed; ``train/overlong_samples`` counts it); when the
-lengths can be known in advance, config validation and ``rlvr.build`` reject the setting instead.
+lengths can be known in advance, config validation and ``rlvr.runtime.build`` reject the setting instead.
 
 The policy's loss is ``rlvr.algo.actor_loss`` (policy loss, corrections, entropy, KL: a pure
 function); gradient accumulation and the optimizer step are ``step.py``'s, shared with PPO's critic
@@ -24,10 +24,10 @@ model runs in bfloat16 and AdamW updates float32 master copies of the weights.
 One code path for one process and for a data-parallel rank: the trainer asks a strategy
 (``parallel.py``: ``SingleProcess`` by default, ``DataParallel`` under ``--ray``) for its share
 of a batch, the micro-batch count, gradient synchronisation, sums and whole tensors. Test-only
-switches are read from ``rlvr.testing.trainer_seam()``; the micro-batch ``Layout`` (packed, or
+switches are read from ``rlvr.core.testing.trainer_seam()``; the micro-batch ``Layout`` (packed, or
 padded as the throughput benchmark's reference) is a constructor argument.
 
-On-policy distillation (``--use-opd``): a teacher (``teacher.py``, built by ``rlvr.build``) scores
+On-policy distillation (``--use-opd``): a teacher (``teacher.py``, built by ``rlvr.runtime.build``) scores
 the sampled tokens before the steps, and ``rlvr.algo.opd`` lowers the advantages by
 ``opd_kl_coef * (p0's log-prob - the teacher's)``. ``--kl-loss-type token_level_kl``: the reference
 keeps its hidden states and the policy's chunked output layer sums the exact KL over the
@@ -70,8 +70,8 @@ from rlvr.algo.kl import TOKEN_LEVEL_KL
 from rlvr.algo.opd import opd_advantages
 from rlvr.config import TrainConfig
 from rlvr.observe.rollout_data import rollout_data_metrics, slime_rewards
-from rlvr.slime_plugins import estimator_rewards
-from rlvr.testing import hook_loss, trainer_seam
+from rlvr.compat.slime.plugins import estimator_rewards
+from rlvr.core.testing import hook_loss, trainer_seam
 from rlvr.train import lora, routing_replay
 from rlvr.train.batching import first_fit_decreasing, fixed_size, micro_batches, pad_right
 from rlvr.train.critic import CriticTrainer
@@ -82,7 +82,7 @@ from rlvr.train.parallel import Parallel, SingleProcess
 from rlvr.train.schedule import lr_at
 from rlvr.train.step import Learner, accumulate, adamw, optimizer_step
 from rlvr.train.token_kl import ReferenceStates, reference_forward
-from rlvr.types import Sample, Status
+from rlvr.core.types import Sample, Status
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ class Trainer:
         self.layout = layout  # packed micro-batches; benchmarks/train_throughput.py compares padded ones
         torch.manual_seed(train.seed)
         # Policy, reference, critic, masters, optimizer state and every rollout tensor live on
-        # ``device``; --bf16's float32 masters too (rlvr.device; issue 16).
+        # ``device``; --bf16's float32 masters too (rlvr.core.device; issue 16).
         self.device = torch.device(device)
         self.model = load_policy(train.hf_checkpoint, train.bf16, self.device)
         # LoRA (rlvr.train.lora): PEFT's layers in self.model, only the adapters trainable; the

@@ -3,9 +3,9 @@
 The CLI flag of a field is derived from its name (``flag_of``); ``rlvr.config`` turns every field
 of every group into a flag, so this is the one schema. Bounds are declared on the field, not
 checked by hand in ``validate``: ``ge``/``gt``/``le``/``lt`` for numbers and ``choices`` for names.
-``choices`` is a list, or a callable returning one (a registry's ``names``), read when a flag is
-parsed or a config validated, so a name registered by user code after import is accepted.
-``check_bounds`` enforces them all (``None`` is always allowed for an optional field) and the
+``choices`` is a fixed list; a value that must be a registered name declares the registry's kind
+(``names=``), and the runtime layer, which knows the registries, checks it once user plugins are
+imported, so a name registered by user code is accepted. ``check_bounds`` enforces the rest (``None`` is always allowed for an optional field) and the
 help text states them, so help and validation come from the same declaration.
 
 >>> from dataclasses import dataclass
@@ -16,36 +16,42 @@ help text states them, so help and validation come from the same declaration.
 >>> check_bounds(G(n=0))
 Traceback (most recent call last):
 ...
-rlvr.errors.ConfigError: --n: must be >= 1, got 0
+rlvr.core.errors.ConfigError: --n: must be >= 1, got 0
 >>> check_bounds(G(p=0.0))
 Traceback (most recent call last):
 ...
-rlvr.errors.ConfigError: --p: must be in (0, 1], got 0.0
+rlvr.core.errors.ConfigError: --p: must be in (0, 1], got 0.0
 >>> help_of(fields(G)[1])
 'a mass (in (0, 1])'
 
-Registry-backed choices are not given to argparse (a plugin named on the same command line may
-register the name), only listed in the help; ``check_bounds`` checks them.
+Registry-backed names are not given to argparse (a plugin named on the same command line may
+register the name), only listed in the help.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import Field, field, fields
-from typing import Callable
+from typing import Callable, Mapping
 
-from rlvr.errors import ConfigError
+from rlvr.core.errors import ConfigError
 
-Choices = list[str] | Callable[[], list[str]] | None
+Names = Mapping[str, Callable[[], list[str]]]  # registry kind -> its names now
 
 
-def option(default, help: str, choices: Choices = None, flag: str | None = None, *,
+def option(default, help: str, choices: list[str] | None = None, flag: str | None = None, *,
+           names: str | None = None,
            ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None):
     """A dataclass field carrying its help text, choices and numeric bounds in ``metadata``;
-    ``flag`` overrides the derived flag where the natural name is a Python keyword (``--async``)."""
+    ``flag`` overrides the derived flag where the natural name is a Python keyword (``--async``).
+    ``names`` says the value is a name registered in the registry of that kind (``"advantage
+    estimator"``): the config cannot list those itself (the registries live in the layers above);
+    ``rlvr.runtime.configure`` checks them and lists them in ``--help``."""
     meta = {"help": help}
     if choices is not None:
         meta["choices"] = choices
+    if names is not None:
+        meta["names"] = names
     if flag is not None:
         meta["flag"] = flag
     bounds = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)) if v is not None}
@@ -61,10 +67,13 @@ def flag_of(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def choices_of(f: Field) -> list[str] | None:
-    """The field's valid names now (a callable is asked each time), or None when free-form."""
-    choices = f.metadata.get("choices")
-    return list(choices()) if callable(choices) else choices
+def choices_of(f: Field, names: Names | None = None) -> list[str] | None:
+    """The field's valid values: its fixed choices, or the names now registered for its kind in
+    ``names``; None when free-form (or when ``names`` does not know the kind)."""
+    kind = f.metadata.get("names")
+    if kind is not None:
+        return names[kind]() if names and kind in names else None
+    return f.metadata.get("choices")
 
 
 def _num(x: float) -> str:
@@ -84,18 +93,17 @@ def bounds_text(bounds: dict[str, float]) -> str:
 
 def static_choices(f: Field) -> list[str] | None:
     """A fixed list of choices (argparse may check it); None for free-form or registry-backed
-    fields, whose names are checked by ``check_bounds`` once user plugins are imported."""
-    choices = f.metadata.get("choices")
-    return None if callable(choices) else choices
+    fields, whose names are checked once user plugins are imported (``rlvr.runtime.configure``)."""
+    return f.metadata.get("choices")
 
 
-def help_of(f: Field) -> str:
+def help_of(f: Field, names: Names | None = None) -> str:
     """The field's help with its bounds, or a registry's current names, appended (``--help``)."""
-    text, bounds, choices = f.metadata["help"], f.metadata.get("bounds"), f.metadata.get("choices")
+    text, bounds = f.metadata["help"], f.metadata.get("bounds")
     if bounds:
         text += f" ({bounds_text(bounds)})"
-    if callable(choices):
-        text += f" (registered: {', '.join(choices())})"
+    if "names" in f.metadata and (registered := choices_of(f, names)) is not None:
+        text += f" (registered: {', '.join(registered)})"
     return text
 
 
@@ -116,6 +124,6 @@ def check_bounds(group) -> None:
         bounds = f.metadata.get("bounds")
         if bounds and not _in_bounds(value, bounds):
             raise ConfigError(flag, f"must be {bounds_text(bounds)}, got {value}")
-        valid = choices_of(f)
+        valid = static_choices(f)  # registry names: rlvr.runtime.configure.check_names
         if valid is not None and value not in valid:
             raise ConfigError(flag, f"unknown value {value!r}; valid: {', '.join(valid)}")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlvr.errors import ConfigError
-from rlvr.fields import check_bounds
-from rlvr.fields import option as _f
+from rlvr.core.errors import ConfigError
+from rlvr.core.registry import load_function
+from rlvr.config.fields import check_bounds
+from rlvr.config.fields import option as _f
 
 
 @dataclass
@@ -32,18 +33,15 @@ class AgentConfig:
     tool_timeout: float = _f(10.0, "seconds a tool call may take before it is an error observation", gt=0)
 
     def validate(self) -> None:
+        """The declared bounds and the rules between these fields; the ``--tools`` list is loaded
+        and checked by ``rlvr.runtime.configure`` (the tool runner lives in ``rlvr.agents``)."""
         check_bounds(self)
-        from rlvr.registry import load_function
 
         for flag, value in (("--custom-generate-function-path", self.custom_generate_function_path),
                             ("--rollout-function-path", self.rollout_function_path),
                             ("--environment-path", self.environment_path)):
             if value is not None:
                 load_function(value, flag)  # a ConfigError naming the flag when it cannot be imported
-        if self.tools is not None:
-            from rlvr.agents.tools import load_tools
-
-            load_tools(self.tools)
         given = [f for f, v in (("--custom-generate-function-path", self.custom_generate_function_path),
                                 ("--tools", self.tools), ("--environment-path", self.environment_path)) if v]
         if len(given) > 1 and self.custom_generate_function_path is not None:

@@ -16,7 +16,7 @@ Production code calls these at fixed points; outside tests they do nothing.
   ``InjectedFault`` (K = 2: every other time).
 * ``logical_gpus()``: GPU placement tests on a CPU-only machine set ``RLVR_TEST_LOGICAL_GPUS=N``
   (and start Ray with ``num_gpus=N``): the GPU count checks see N GPUs, Ray hands out GPU bundles
-  and ids, and every actor still computes on CPU (``rlvr.device.for_actor``) with gloo.
+  and ids, and every actor still computes on CPU (``rlvr.core.device.for_actor``) with gloo.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def fault_point(point: str) -> None:
     >>> fault_point("doctest-point")
     Traceback (most recent call last):
     ...
-    rlvr.testing.InjectedFault: RLVR_TEST_RAISE_AT=doctest-point:2: injected at doctest-point (time 2)
+    rlvr.core.testing.InjectedFault: RLVR_TEST_RAISE_AT=doctest-point:2: injected at doctest-point (time 2)
     >>> del os.environ[RAISE_AT_ENV]
     """
     spec = os.environ.get(RAISE_AT_ENV)

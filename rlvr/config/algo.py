@@ -2,9 +2,10 @@
 
 Field names are slime's flag names with underscores; the CLI flag is ``"--" + name.replace("_", "-")``.
 Each field has ``metadata["help"]`` (one line), ``metadata["choices"]`` when finite and its numeric
-bounds (``rlvr.fields``). Choices are the registries' ``names`` methods, asked at parse time, so an
-estimator or loss registered by user code needs no edit here. Defaults are slime's. Bounds are
-checked by ``rlvr.fields.check_bounds``; ``validate()`` holds the rules between fields and raises
+bounds (``rlvr.config.fields``). A field naming an estimator, loss or mode declares its registry's
+kind (``names=``); ``rlvr.runtime.configure`` checks it against the registry once plugins are
+imported, so an estimator or loss registered by user code needs no edit here. Defaults are slime's. Bounds are
+checked by ``rlvr.config.fields.check_bounds``; ``validate()`` holds the rules between fields and raises
 ``ConfigError(flag, what to change)``.
 """
 
@@ -13,14 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from rlvr.algo.advantages import ADVANTAGES, estimator_of, load_custom_estimator
-from rlvr.algo.corrections import TIS_MODES
-from rlvr.algo.kl import TOKEN_LEVEL_KL, kl_loss_types
-from rlvr.algo.opd import OPD_TYPES
-from rlvr.algo.policy_loss import POLICY_LOSSES
-from rlvr.errors import ConfigError
-from rlvr.fields import check_bounds
-from rlvr.fields import option as _f
+from rlvr.core.errors import ConfigError
+from rlvr.config.fields import check_bounds
+from rlvr.config.fields import option as _f
+
+TOKEN_LEVEL_KL = "token_level_kl"  # --kl-loss-type: the exact KL summed over the vocabulary (rlvr.train.token_kl)
+OPD_TYPES = ("sglang", "megatron")  # --opd-type: where the teacher runs
 
 
 @dataclass
@@ -28,7 +27,7 @@ class AlgoConfig:
     """Advantage estimator, policy loss, KL, clipping and off-policy corrections."""
 
     # --- advantage estimation
-    advantage_estimator: str = _f("grpo", "how per-token advantages are computed", ADVANTAGES.names)
+    advantage_estimator: str = _f("grpo", "how per-token advantages are computed", names="advantage estimator")
     custom_advantage_function_path: str | None = _f(
         None, "your estimator, pkg.module:fn(inputs, cfg) -> (advantages, returns); its traits from "
               "rlvr.algo.register_estimator in that module (default: critic-free); replaces --advantage-estimator"
@@ -43,7 +42,7 @@ class AlgoConfig:
     dcpo_calibration_weight: float = _f(0.5, "DCPO: scale of the calibration reward (hybrid - conf)^2")
     # --- policy loss
     pg_loss_type: str | None = _f(
-        None, "policy loss; default follows --advantage-estimator", POLICY_LOSSES.names
+        None, "policy loss; default follows --advantage-estimator", names="policy loss"
     )
     eps_clip: float = _f(0.2, "PPO clip range below 1 (ratio >= 1 - eps_clip)", ge=0)
     eps_clip_high: float | None = _f(None, "PPO clip range above 1; None = eps_clip (DAPO: 0.28)", ge=0)
@@ -55,13 +54,13 @@ class AlgoConfig:
     use_kl_loss: bool = _f(False, "add kl_loss_coef * KL(policy || ref) to the loss (GRPO)")
     kl_loss_coef: float = _f(0.0, "weight of the KL loss", ge=0)
     kl_loss_type: str = _f("k1", "KL estimator for the KL loss and the KL reward; token_level_kl: exact, "
-                                 "summed over the vocabulary (KL loss only)", kl_loss_types)
+                                 "summed over the vocabulary (KL loss only)", names="KL loss type")
     use_unbiased_kl: bool = _f(False, "weight the KL loss by p_theta / p_old (DeepSeek-V3.2)")
     # --- train-inference mismatch corrections
     use_tis: bool = _f(False, "multiply the loss by truncated IS weights p_old / p_rollout")
     tis_clip: float = _f(2.0, "upper bound of the TIS weight", ge=0)
     tis_clip_low: float = _f(0.0, "lower bound of the TIS weight", ge=0)
-    tis_mode: str = _f("tis", "tis = clamp the weight; icepop = zero it outside the bounds", TIS_MODES.names)
+    tis_mode: str = _f("tis", "tis = clamp the weight; icepop = zero it outside the bounds", names="TIS mode")
     custom_tis_function_path: str | None = _f(None, "replace TIS by pkg.module:function")
     use_score_centering: bool = _f(False, "score-centred REINFORCE loss (seed 002 SC); the engine returns q's top-k head")
     score_centering_top_k: int = _f(128, "score centering: sampler head size (top-k tokens of q kept per token)", ge=1)
@@ -79,16 +78,9 @@ class AlgoConfig:
         high = self.eps_clip if self.eps_clip_high is None else self.eps_clip_high
         return self.eps_clip, high
 
-    def load_plugins(self) -> None:
-        """Import ``--custom-advantage-function-path`` (it registers its estimator); it then names
-        the estimator. Run before the choices are checked, so that name is a valid one."""
-        if self.custom_advantage_function_path is not None:
-            self.advantage_estimator = load_custom_estimator(self.custom_advantage_function_path)
-
     def validate(self) -> AlgoConfig:
         """Raise ``ConfigError`` naming the flag and the fix; return self when valid. (Ranges and
         choices are declared on the fields: ``check_bounds``.)"""
-        self.load_plugins()
         check_bounds(self)
         if self.tis_clip_low > self.tis_clip:
             raise ConfigError("--tis-clip-low", f"{self.tis_clip_low} is above --tis-clip {self.tis_clip}; lower it")
@@ -106,13 +98,9 @@ class AlgoConfig:
 
     def _check_score_centering(self) -> None:
         """SC is its own REINFORCE loss (seed 002): no PPO/GSPO/CISPO clipping; TIS/ICE-POP weights
-        combine with it as f(p / q), a custom TIS function or OPSM does not."""
-        if self.pg_loss_type is None and estimator_of(self).policy_loss in ("gspo", "cispo"):
-            raise ConfigError("--use-score-centering", f"is a token-level REINFORCE loss; --advantage-estimator "
-                              f"{self.advantage_estimator} trains with {estimator_of(self).policy_loss}: use grpo")
-        if self.pg_loss_type is None:
-            self.pg_loss_type = "reinforce"  # SC picks its loss when none is named
-        if self.pg_loss_type != "reinforce":
+        combine with it as f(p / q), a custom TIS function or OPSM does not. (The estimator's own
+        loss is checked by ``rlvr.runtime.configure``: the estimators are registered above.)"""
+        if self.pg_loss_type not in (None, "reinforce"):  # None: SC trains with reinforce (policy_loss_name)
             raise ConfigError("--use-score-centering", f"is a REINFORCE loss and cannot be combined with --pg-loss-type "
                               f"{self.pg_loss_type}; use --pg-loss-type reinforce")
         for name, on in (("--custom-tis-function-path", self.custom_tis_function_path), ("--use-opsm", self.use_opsm)):

@@ -7,12 +7,12 @@
         source.update_weights(trainer.weights(), rollout_id + 1)  # every --update-weights-interval
         maybe evaluate, log, maybe save
 
-``rlvr.build`` wires the components from a ``Config`` (each gets its own group); ``run`` drives them.
+``rlvr.runtime.build`` wires the components from a ``Config`` (each gets its own group); ``run`` drives them.
 The batch source is the one difference between the modes (``rlvr.rollout.producer``): the
 synchronous one generates rollout ``r`` when asked; ``--async``'s producer thread generates all the
 time, within ``--max-staleness``. ``ledger.jsonl`` records every trained sample's uid and weight
 versions (and, at the end of an async run, the groups still pending).
-A checkpoint (``rlvr.checkpoint``) is written after everything about its rollout is logged, and
+A checkpoint (``rlvr.runtime.checkpoint``) is written after everything about its rollout is logged, and
 holds all the state the next rollout depends on, so a run killed at any point and resumed with
 ``--load`` logs the same values as one that was never stopped. slime's debug split:
 ``--save-debug-rollout-data`` writes each ``RolloutBatch``, ``--load-debug-rollout-data`` trains
@@ -29,16 +29,16 @@ from pathlib import Path
 
 import yaml
 
-from rlvr.build import Components, build_local, save_hf
-from rlvr.checkpoint import capture_rng, find_checkpoint, read_run_state, restore_rng, save_checkpoint
+from rlvr.runtime.build import Components, build_local, save_hf
+from rlvr.runtime.checkpoint import capture_rng, find_checkpoint, read_run_state, restore_rng, save_checkpoint
 from rlvr.config import Config
-from rlvr.errors import DataError
+from rlvr.core.errors import DataError
 from rlvr.observe import ConsoleProgress, MetricsLogger, plot_runs
 from rlvr.observe.run_files import open_logger, prepare_run_dir, skipped_rollout_path, write_ledger, write_samples
 from rlvr.rollout.producer import SyncBatches, make_producer
 from rlvr.rollout.rollout import Rollout
-from rlvr.testing import crash_point
-from rlvr.types import RolloutBatch
+from rlvr.core.testing import crash_point
+from rlvr.core.types import RolloutBatch
 
 log = logging.getLogger(__name__)
 

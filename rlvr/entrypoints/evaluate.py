@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlvr.build import build_engine, load_tokenizer, make_rollout, read_eval_sets
+from rlvr.runtime.build import build_engine, load_tokenizer, make_rollout, read_eval_sets
 from rlvr.config import Config
 
 

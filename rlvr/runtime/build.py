@@ -1,6 +1,6 @@
 """Builders: a ``Config`` in, the run's components out (DESIGN "Builders beside the driver").
 
-The driver (``rlvr.loop``) only drives; it, the SFT and eval entry points, the Ray actors
+The driver (``rlvr.runtime.loop``) only drives; it, the SFT and eval entry points, the Ray actors
 (``rlvr.distributed``) and the engine server all build their parts here, so a component is put
 together in one place whatever process it runs in. Each builder hands a component only its own
 config group (``cfg.train`` and ``cfg.algo`` to the trainer, ``cfg.rollout`` to the rollout, ...).
@@ -19,10 +19,11 @@ from typing import Callable
 from rlvr.config import Config
 from rlvr.data.dataset import DataSource, PromptDataset, PromptRecord, read_prompts
 from rlvr.data.tokenizer import load_tokenizer
-from rlvr.errors import ConfigError
+from rlvr.core.errors import ConfigError
 from rlvr.rewards.grader import Grader
 from rlvr.rollout.rollout import Rollout
-from rlvr.slime_plugins import SlimeArgs, slime_data_source
+from rlvr.compat.slime.plugins import SlimeArgs
+from rlvr.data.slime_source import slime_data_source
 from rlvr.train.teacher import teacher_of
 from rlvr.train.trainer import Trainer
 
@@ -78,8 +79,8 @@ def build_local(cfg: Config) -> Components:
     trainer = make_trainer(cfg)
     # The engine starts from the trainer's weights, so both hold the same policy at version 0.
     engine = build_engine(cfg, trainer.model, tokenizer)
-    if cfg.cluster.colocate:  # one device, time-shared (rlvr.colocate)
-        from rlvr.colocate import Colocated
+    if cfg.cluster.colocate:  # one device, time-shared (rlvr.runtime.colocate)
+        from rlvr.runtime.colocate import Colocated
 
         trainer = Colocated(trainer, engine, offload_optimizer=cfg.cluster.offload_train)
     rollout = make_rollout(cfg, engine, tokenizer, records)
@@ -89,7 +90,7 @@ def build_local(cfg: Config) -> Components:
 def make_trainer(cfg: Config, parallel=None, device=None) -> Trainer:
     """The trainer (one data-parallel rank of it when ``parallel`` is given) on ``device``
     (default: what ``--device`` means on this machine; Ray ranks pass their bundle's)."""
-    from rlvr.device import resolve
+    from rlvr.core.device import resolve
 
     return Trainer(cfg.train, cfg.algo, temperature=cfg.rollout.rollout_temperature,
                    global_batch_size=cfg.global_batch_size, n_samples_per_prompt=cfg.rollout.n_samples_per_prompt,

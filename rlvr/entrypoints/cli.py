@@ -10,22 +10,22 @@ import argparse
 import logging
 import sys
 
-from rlvr.errors import ConfigError, DataError, TrainingStopped
+from rlvr.core.errors import ConfigError, DataError, TrainingStopped
 
 
 def _config_with_assets(argv: list[str], prog: str, rl: bool):
     """Parse flags + YAML; when they name the example's assets, build those first (first use)."""
-    from rlvr import demo
-    from rlvr.config import build_config, make_parser, merged_values
+    from rlvr.entrypoints import demo
+    from rlvr.runtime.configure import config_from_values, make_parser, merged_values
 
     values = merged_values(make_parser(prog).parse_args(argv))
     if any(demo.is_example_asset(values.get(k)) for k in ("hf_checkpoint", "prompt_data")):
         demo.prepare_assets(sft=rl)  # SFT itself only needs the data and the base model
-    return build_config(values).validate(rl=rl)
+    return config_from_values(values, rl=rl)
 
 
 def _train(argv: list[str]) -> None:
-    from rlvr.loop import run
+    from rlvr.runtime.loop import run
 
     run(_config_with_assets(argv, "rlvr train", rl=True))
 
@@ -33,7 +33,7 @@ def _train(argv: list[str]) -> None:
 def _sft(argv: list[str]) -> None:
     from pathlib import Path
 
-    from rlvr.sft import run_sft
+    from rlvr.entrypoints.sft import run_sft
 
     cfg = _config_with_assets(argv, "rlvr sft", rl=False)
     out = run_sft(cfg, cfg.run.save or Path(cfg.run.output_dir) / "model")
@@ -41,14 +41,18 @@ def _sft(argv: list[str]) -> None:
 
 
 def _eval(argv: list[str]) -> None:
-    from rlvr.config import build_config, make_parser, merged_values
-    from rlvr.errors import ConfigError
-    from rlvr.evaluate import run_eval
+    from rlvr.config import build_config
+    from rlvr.core.errors import ConfigError
+    from rlvr.entrypoints.evaluate import run_eval
+    from rlvr.runtime.configure import check_data, check_rollout, check_train, make_parser, merged_values
 
     values = merged_values(make_parser("rlvr eval").parse_args(argv))
     cfg = build_config(values)
     for group in (cfg.train, cfg.data, cfg.eval, cfg.rollout):  # no RL, so only these groups matter
         group.validate()
+    check_data(cfg.data, cfg.eval)
+    check_train(cfg.train)
+    check_rollout(cfg.rollout)
     if not cfg.eval.eval_prompt_data:
         raise ConfigError("--eval-prompt-data", "is required: NAME PATH [NAME PATH ...] or one PATH")
     metrics = run_eval(cfg)
@@ -70,9 +74,9 @@ def _plot(argv: list[str]) -> None:
 def _export(argv: list[str]) -> None:
     from pathlib import Path
 
-    from rlvr.checkpoint import find_checkpoint
-    from rlvr.errors import ConfigError
-    from rlvr.build import export_hf
+    from rlvr.runtime.checkpoint import find_checkpoint
+    from rlvr.core.errors import ConfigError
+    from rlvr.runtime.build import export_hf
 
     p = argparse.ArgumentParser(prog="rlvr export", description="write a plain Hugging Face checkpoint "
                                 "(model + tokenizer, no optimizer) from a training checkpoint")
@@ -90,7 +94,7 @@ def _export(argv: list[str]) -> None:
 
 
 def _demo(argv: list[str]) -> None:
-    from rlvr import demo
+    from rlvr.entrypoints import demo
 
     demo.main(argv)
 

@@ -8,8 +8,8 @@ rollout engines, in one placement group, disaggregated (one bundle each) or ``--
 CPU-cluster equivalents of the GPU counts.
 
 Devices (issue 16). Local mode computes on ``--device`` (``auto``: CUDA when available;
-``rlvr.device``); ``--colocate`` in local mode time-shares that one device between the trainer
-and the embedded engine (``rlvr.colocate``). slime always runs on Ray, so its GPU counts
+``rlvr.core.device``); ``--colocate`` in local mode time-shares that one device between the trainer
+and the embedded engine (``rlvr.runtime.colocate``). slime always runs on Ray, so its GPU counts
 (``--actor-num-gpus-per-node``, ``--rollout-num-gpus``) *imply* ``--ray``: a slime command line
 such as seed 000's ``--actor-num-gpus-per-node 4 --colocate`` parses as written and means four
 GPU training ranks with four colocated engines on a Ray cluster; one local GPU is ``--device cuda``
@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlvr.errors import ConfigError
-from rlvr.fields import check_bounds, flag_of
-from rlvr.fields import option as _f
+from rlvr.core.errors import ConfigError
+from rlvr.config.fields import check_bounds, flag_of
+from rlvr.config.fields import option as _f
 
 UPDATE_WEIGHT_BUFFER_SIZE = 512 * 2**20  # slime's default bucket of a streamed weight update
 
@@ -77,7 +77,7 @@ class ClusterConfig:
 
     def validate(self) -> None:
         check_bounds(self)  # the ranges and choices declared on the fields
-        from rlvr.device import check_spec
+        from rlvr.core.device import check_spec
 
         check_spec(self.device)
         if self.uses_gpus and not self.ray:  # slime's GPU counts mean a Ray cluster (slime has no other mode)

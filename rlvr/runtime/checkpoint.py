@@ -16,7 +16,7 @@ Atomicity: a checkpoint is written under ``rollout_000004.tmp/`` and renamed onc
 the pointer file is replaced with ``os.replace``. A crash at any moment leaves the pointer naming
 a complete checkpoint; a leftover ``*.tmp`` directory is removed by the next save.
 
-Crash tests (``rlvr.testing.crash_point``) SIGKILL the process at a named point, ``rollout:N`` (in
+Crash tests (``rlvr.core.testing.crash_point``) SIGKILL the process at a named point, ``rollout:N`` (in
 the middle of rollout N, 0-based) or ``save:N`` (half-way through writing the checkpoint after N
 rollouts), so they are deterministic.
 """
@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from rlvr.testing import crash_point
+from rlvr.core.testing import crash_point
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def read_latest(load_dir: str | Path) -> int | None:
         return None
     text = pointer.read_text().strip()
     if not text.isdigit():
-        from rlvr.errors import ConfigError
+        from rlvr.core.errors import ConfigError
 
         raise ConfigError("--load", f"{pointer} should hold a rollout number, got {text!r}")
     return int(text)
@@ -138,7 +138,7 @@ def find_checkpoint(load_dir: str | Path) -> Path | None:
         return None
     path = Path(load_dir) / checkpoint_name(rollout_id)
     if not (path / RUN_STATE_FILE).is_file():
-        from rlvr.errors import ConfigError
+        from rlvr.core.errors import ConfigError
 
         raise ConfigError("--load", f"{Path(load_dir) / LATEST_FILE} names {path.name}, which is missing or "
                                     "incomplete; point the file at a complete rollout_* directory")

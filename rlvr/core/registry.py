@@ -19,6 +19,12 @@ from typing import Callable, Generic, Iterator, TypeVar
 
 T = TypeVar("T")
 
+# Other systems' dotted paths: each function maps a path to the rlvr name it stands for
+# (PATH_ALIASES) or to a message naming rlvr's counterpart (PATH_HINTS), None when it does not
+# know the path. rlvr.compat.slime appends slime's when it is imported.
+PATH_ALIASES: list[Callable[[str], str | None]] = []
+PATH_HINTS: list[Callable[[str], str | None]] = []
+
 
 class Registry(Generic[T]):
     """A name -> object table. Unknown names fail with the valid list; duplicates fail."""
@@ -79,7 +85,7 @@ def load_function(path: str, flag: str) -> Callable:
 
     Failures raise ``ConfigError(flag, ...)`` saying what could not be found.
     """
-    from rlvr.errors import ConfigError
+    from rlvr.core.errors import ConfigError
 
     module_name, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
     if not module_name or not attr:
@@ -87,9 +93,7 @@ def load_function(path: str, flag: str) -> Callable:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        from rlvr.slime_plugins import slime_path_hint
-
-        hint = slime_path_hint(path)  # slime's own modules: name rlvr's equivalent
+        hint = next((h for f in PATH_HINTS if (h := f(path))), None)  # e.g. slime's modules
         raise ConfigError(flag, hint or f"cannot import module {module_name!r} from {path!r}: {e}") from e
     fn = getattr(module, attr, None)
     if not callable(fn):
@@ -100,9 +104,7 @@ def load_function(path: str, flag: str) -> Callable:
 def resolve(registry: Registry[T], name_or_path: str, flag: str) -> T:
     """A registered name, or else a dotted path to a user function (slime's path of a function
     rlvr registers under a name, e.g. its nonzero-std filter, is that name)."""
-    from rlvr.slime_plugins import slime_equivalent
-
-    name_or_path = slime_equivalent(name_or_path) or name_or_path
+    name_or_path = next((a for f in PATH_ALIASES if (a := f(name_or_path))), name_or_path)
     if name_or_path in registry:
         return registry[name_or_path]
     if "." not in name_or_path and ":" not in name_or_path:

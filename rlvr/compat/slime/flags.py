@@ -18,7 +18,7 @@ flags below are the rest, each with one rule, and ``docs/slime_flags.md`` is thi
 Megatron model-shape flags (``--num-layers``, ``--hidden-size``, ...) describe the architecture,
 which rlvr reads from ``--hf-checkpoint``'s ``config.json``: accepted when they agree with it,
 refused when they do not. GPU placement flags (``--actor-num-gpus-per-node``, ``--colocate``, ...)
-are config fields (``rlvr.distributed.config``; docs/scaling.md), not entries here.
+are config fields (``rlvr.config.cluster``; docs/scaling.md), not entries here.
 
 >>> from argparse import Namespace
 >>> ns = Namespace(**{dest("tensor_model_parallel_size"): "1", dest("sequence_parallel"): True})
@@ -27,7 +27,7 @@ are config fields (``rlvr.distributed.config``; docs/scaling.md), not entries he
 >>> apply(Namespace(**{dest("tensor_model_parallel_size"): "2"}), {})
 Traceback (most recent call last):
 ...
-rlvr.errors.ConfigError: --tensor-model-parallel-size: 2 would change the result: rlvr trains the whole model in each data-parallel rank (no tensor parallelism); drop the flag or set it to 1, and scale with data-parallel ranks (--ray, docs/scaling.md)
+rlvr.core.errors.ConfigError: --tensor-model-parallel-size: 2 would change the result: rlvr trains the whole model in each data-parallel rank (no tensor parallelism); drop the flag or set it to 1, and scale with data-parallel ranks (--ray, docs/scaling.md)
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from rlvr.errors import ConfigError
+from rlvr.core.errors import ConfigError
 
-log = logging.getLogger("rlvr.slime_flags")
+log = logging.getLogger("rlvr.compat.slime.flags")
 
 PREFIX = "slime__"  # argparse dest of a table flag, kept apart from the config fields
 

@@ -14,15 +14,15 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from rlvr.build import load_tokenizer, open_training_data, read_eval_sets, save_hf
+from rlvr.runtime.build import load_tokenizer, open_training_data, read_eval_sets, save_hf
 from rlvr.config import Config
 from rlvr.data.dataset import DataSource, PromptRecord, render_prompt
-from rlvr.evaluate import evaluate_model
+from rlvr.entrypoints.evaluate import evaluate_model
 from rlvr.observe import ConsoleProgress, MetricsLogger
 from rlvr.observe.run_files import prepare_run_dir
-from rlvr.device import resolve
+from rlvr.core.device import resolve
 from rlvr.train.trainer import Trainer
-from rlvr.types import Sample
+from rlvr.core.types import Sample
 
 SFT_LOG_EVERY = 50  # SFT steps are short: one console line per 50 (metrics.jsonl has every step)
 

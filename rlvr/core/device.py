@@ -7,7 +7,7 @@ the flag and what the machine has. Under ``--ray`` the device is not a choice: a
 in a GPU bundle computes on the one GPU Ray gave it (``cuda``, since Ray sets
 ``CUDA_VISIBLE_DEVICES``), an actor in a CPU bundle on ``cpu`` (``for_actor``).
 
-Tests start Ray clusters with *logical* GPUs on this CPU-only machine; ``rlvr.testing``'s
+Tests start Ray clusters with *logical* GPUs on this CPU-only machine; ``rlvr.core.testing``'s
 ``logical_gpus()`` seam then makes ``for_actor`` and the GPU count checks treat those GPUs as
 present while the compute stays on CPU. Nothing else in the project reads that seam.
 
@@ -22,14 +22,14 @@ import os
 
 import torch
 
-from rlvr.errors import ConfigError
-from rlvr.testing import logical_gpus
+from rlvr.core.errors import ConfigError
+from rlvr.core.testing import logical_gpus
 
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
 
 
 def cuda_count() -> int:
-    """GPUs this process can use (``rlvr.testing.logical_gpus`` stands in for them in tests)."""
+    """GPUs this process can use (``rlvr.core.testing.logical_gpus`` stands in for them in tests)."""
     fake = logical_gpus()
     if fake is not None:
         return fake
@@ -43,7 +43,7 @@ def check_spec(spec: str) -> None:
     >>> check_spec("gpu")
     Traceback (most recent call last):
     ...
-    rlvr.errors.ConfigError: --device: 'gpu' is not a device; use auto, cpu, cuda or cuda:N
+    rlvr.core.errors.ConfigError: --device: 'gpu' is not a device; use auto, cpu, cuda or cuda:N
     """
     head, sep, index = spec.partition(":")
     if spec in ("auto", "cpu", "cuda") or (head == "cuda" and sep and index.isdigit()):

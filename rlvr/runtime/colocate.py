@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from rlvr.device import empty_cache
+from rlvr.core.device import empty_cache
 from rlvr.train.memory import peak_memory_gb, reset_peak_memory
 
 

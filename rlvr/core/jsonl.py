@@ -7,7 +7,7 @@ import warnings
 from pathlib import Path
 from typing import Iterator
 
-from rlvr.errors import DataError
+from rlvr.core.errors import DataError
 
 
 def iter_objects(path: str | Path, allow_truncated_tail: bool = False) -> Iterator[tuple[int, dict]]:

@@ -9,9 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlvr.errors import ConfigError
-from rlvr.fields import check_bounds
-from rlvr.fields import option as _f
+from rlvr.core.errors import ConfigError
+from rlvr.core.registry import load_function
+from rlvr.config.fields import check_bounds
+from rlvr.config.fields import option as _f
 
 
 @dataclass(frozen=True)
@@ -71,20 +72,12 @@ class RewardConfig:
     judge_max_score: float = _f(10.0, "judge: the parsed score is divided by this to give a reward in [0, 1]", gt=0)
 
     def validate(self) -> None:
+        """The declared bounds and the rules between these fields; the ``--rm-type`` names are
+        checked against the registry by ``rlvr.rewards.registry.check_reward_config``."""
         check_bounds(self)  # the ranges declared on the fields
-        from rlvr.rewards.grader import parse_rm_type
-
-        if self.custom_rm_path is None:
-            parts = parse_rm_type(self.rm_type)  # raises ConfigError naming --rm-type
-            if "remote_rm" in parts and not self.rm_url:
-                raise ConfigError("--rm-url", "is required by --rm-type remote_rm: the reward model's URL")
-            if "judge" in parts and not self.judge_url:
-                raise ConfigError("--judge-url", "is required by --rm-type judge: an OpenAI-compatible base URL")
         if self.judge_prompt_path is not None and not Path(self.judge_prompt_path).is_file():
             raise ConfigError("--judge-prompt-path", f"file not found: {self.judge_prompt_path}")
         if self.group_rm and self.custom_rm_path is None:
             raise ConfigError("--group-rm", "grades with --custom-rm-path; give one (pkg.module:fn)")
         if self.custom_rm_path is not None:
-            from rlvr.registry import load_function
-
             load_function(self.custom_rm_path, "--custom-rm-path")

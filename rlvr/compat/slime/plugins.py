@@ -49,7 +49,7 @@ _NEGATED = {"rewards_normalization": "disable_rewards_normalization",
 class SlimeArgs:
     """Read-only attribute view of config groups under slime's flag names.
 
-    >>> from rlvr.algo.config import AlgoConfig
+    >>> from rlvr.config.algo import AlgoConfig
     >>> args = SlimeArgs(AlgoConfig(tis_clip=3.0))
     >>> args.tis_clip, args.grpo_std_normalization
     (3.0, True)
@@ -195,82 +195,3 @@ def adapt_tis(fn: Callable) -> Callable:
         return out_loss.reshape(b, t), mask, shaped
 
     return functools.wraps(fn)(tis)
-
-
-# ---- data source ----------------------------------------------------------------------------
-def slime_data_source(path: str, args: SlimeArgs):
-    """``--data-source-path``: slime's ``DataSource`` class (``cls(args)`` with ``get_samples(n) ->
-    list[list[Sample]]``) as rlvr's data source. rlvr reads each group's first sample's
-    ``prompt``, ``label`` and ``metadata`` and makes the group itself; aborted partial groups stay in
-    rlvr's own buffer (slime hands them to ``add_samples``). Resume replays the source: a restored
-    run draws and discards the prompts drawn before the checkpoint, so a deterministic source
-    continues where it stopped (slime's ``save``/``load`` are not called)."""
-    from rlvr.data.dataset import DataSource, PromptRecord
-    from rlvr.registry import load_function
-
-    user = load_function(path, "--data-source-path")(args)
-
-    class SlimeDataSource(DataSource):
-        def __init__(self):
-            super().__init__([], shuffle=False)
-            self.user, self.drawn = user, 0
-
-        @property
-        def position(self) -> int:
-            return self.drawn
-
-        def next_prompts(self, n: int) -> list[PromptRecord]:
-            groups = self.user.get_samples(n)
-            if len(groups) != n:
-                raise ValueError(f"--data-source-path {path}: get_samples({n}) returned {len(groups)} groups")
-            first = [g[0] if isinstance(g, (list, tuple)) else g for g in groups]
-            out = [PromptRecord(self.drawn + i, s.prompt, s.label, dict(s.metadata or {})) for i, s in enumerate(first)]
-            self.drawn += n
-            return out
-
-        def state_dict(self) -> dict:
-            return {**super().state_dict(), "drawn": self.drawn}
-
-        def load_state_dict(self, state: dict) -> None:
-            super().load_state_dict({**state, "epoch": 0, "offset": 0})
-            if state["drawn"]:
-                self.user.get_samples(state["drawn"])  # replay to where the checkpoint was
-            self.drawn = state["drawn"]
-
-    return SlimeDataSource()
-
-
-# ---- slime.* dotted paths -------------------------------------------------------------------
-# slime's own functions rlvr has under another name: (the rlvr value for the same flag).
-SLIME_PATHS = {
-    "slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std": "nonzero_std",
-    "slime.rollout.rm_hub.dcpo_reward_post_process.dcpo_reward_post_process": "dcpo",
-}
-# Where the rest of slime's modules live in rlvr, by longest prefix.
-SLIME_PREFIXES = {
-    "slime.rollout.rm_hub": "a --rm-type name (docs/rewards.md: math, dapo, deepscaler, f1, gpqa, remote_rm, "
-                            "boxed_*, dcpo, ...) or your own reward",
-    "slime.rollout.filter_hub": "--dynamic-sampling-filter-path nonzero_std, or your filter importing "
-                                "DynamicFilterOutput from rlvr.slime_plugins",
-    "slime.rollout.sglang_rollout": "the default rollout: drop the flag (rlvr.rollout.rollout), or "
-                                    "--custom-generate-function-path for one sample's generation",
-    "slime.utils.types": "rlvr.types (Sample, Status)",
-    "slime.backends.megatron_utils.loss": "rlvr.algo (policy losses, TIS: --use-tis --tis-mode icepop, estimators)",
-    "slime.rollout.data_source": "rlvr.data.dataset.DataSource (not replaceable yet: docs/slime_flags.md)",
-    "slime": "rlvr's counterpart listed in docs/slime_flags.md",
-}
-
-
-def slime_equivalent(path: str) -> str | None:
-    """The rlvr value for a known slime path (``None`` when it is not a slime path or has none)."""
-    return SLIME_PATHS.get(path.replace(":", "."))
-
-
-def slime_path_hint(path: str) -> str | None:
-    """For a ``slime.*`` path: the message naming rlvr's equivalent; ``None`` for other paths."""
-    dotted = path.replace(":", ".")
-    if not (dotted == "slime" or dotted.startswith("slime.")):
-        return None
-    prefix = max((p for p in SLIME_PREFIXES if dotted == p or dotted.startswith(p + ".")), key=len)
-    return (f"{path!r} is slime's code, which rlvr does not include; use {SLIME_PREFIXES[prefix]}. A plugin "
-            "written against slime runs as it is once its imports name rlvr (docs/slime_flags.md)")

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlvr.errors import ConfigError
-from rlvr.fields import check_bounds
-from rlvr.fields import option as _f
+from rlvr.core.errors import ConfigError
+from rlvr.config.fields import check_bounds
+from rlvr.config.fields import option as _f
 
 
 @dataclass

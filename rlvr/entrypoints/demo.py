@@ -22,7 +22,7 @@ import logging
 import time
 from pathlib import Path
 
-from rlvr.config import parse_config
+from rlvr.runtime.configure import parse_config
 from rlvr.data.arith import write_splits
 from rlvr.models.tiny import build_tiny_model
 
@@ -71,7 +71,7 @@ def prepare_assets(console: bool = True, sft: bool = True, seed: int | None = No
 def bootstrap(out: Path, seed: int | None, console: bool = True) -> dict:
     """The SFT bootstrap of ``seed`` into ``out``; notes its steps and validation score there."""
     from rlvr.observe import read_metrics
-    from rlvr.sft import run_sft
+    from rlvr.entrypoints.sft import run_sft
 
     log.info("bootstrap SFT -> %s (examples/arith/sft.yaml)", out)
     cfg = parse_config(["--config", str(EXAMPLE_DIR / "sft.yaml"), *seed_flags(seed, "arith-sft")], rl=False)
@@ -88,7 +88,7 @@ def bootstrap(out: Path, seed: int | None, console: bool = True) -> dict:
 def main(argv: list[str] | None = None) -> str:
     """``make demo``: assets, GRPO from the SFT checkpoint, and the summary line. ``--seed N``
     (see the module docstring); any other flag overrides ``examples/arith/grpo.yaml``."""
-    from rlvr.loop import run
+    from rlvr.runtime.loop import run
     from rlvr.observe import read_metrics
 
     p = argparse.ArgumentParser(prog="rlvr demo", description="the arithmetic demo end to end")

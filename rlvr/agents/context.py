@@ -1,0 +1,68 @@
+"""What a user's generate or rollout function sees of the rollout: ``rlvr.agents.context()``.
+
+The rollout (``rlvr.agents.hooks.Agent``) sets it around each call of a user's function; the
+helpers that run inside such a call (tools, environments, the OpenAI proxy) read it here.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from rlvr.agents.session import EngineHandle
+from rlvr.core.types import Sample
+from rlvr.engine.base import SamplingParams
+
+
+@dataclass
+class AgentContext:
+    """What a generate / rollout function may use (``rlvr.agents.context()``)."""
+
+    cfg: Any  # the whole Config (slime's ``args``)
+    engine: EngineHandle | None  # this sample's session (None inside a rollout function: make one with new_handle)
+    tokenizer: Any
+    turns: Any  # ChatTurns when the tokenizer has a chat template, else None
+    rollout: Any  # the Rollout: grader, new_group / next_groups, sampling_params()
+    agent: Any = None  # the Agent
+
+    def new_handle(self, session: str = "") -> EngineHandle:
+        return EngineHandle(self.agent.engine, self.tokenizer, session)
+
+    @property
+    def openai_base_url(self) -> str:
+        """Base URL of an OpenAI-compatible endpoint recording this sample's session
+        (``rlvr.agents.openai_proxy``): give it to ``openai.AsyncOpenAI(base_url=...)``."""
+        if self.engine is None:
+            raise RuntimeError("openai_base_url is per sample: use it inside a generate function")
+        return self.agent.openai_session(self.engine)
+
+    def session_sample(self, sample: Sample) -> Sample:
+        """``sample`` filled with the calls recorded on ``openai_base_url`` (exact ids, log-probs)."""
+        return self.agent.proxy.fill(self.engine.session, sample)
+
+
+_CONTEXT: contextvars.ContextVar[AgentContext] = contextvars.ContextVar("rlvr_agent_context")
+
+
+def context() -> AgentContext:
+    """The calling generate / rollout function's context (slime's ``GenerateState``)."""
+    try:
+        return _CONTEXT.get()
+    except LookupError:
+        raise RuntimeError("rlvr.agents.context() is only set inside a generate or rollout function") from None
+
+
+def sampling_dict(params: SamplingParams) -> dict:
+    """SGLang's ``sampling_params`` dict of a ``SamplingParams`` (what slime's functions get)."""
+    return {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
+            "max_new_tokens": params.max_new_tokens, "stop_token_ids": list(params.stop_token_ids),
+            "stop": list(params.stop), **({"seed": params.seed} if params.seed is not None else {})}
+
+
+async def call_maybe_async(fn: Callable, *args, **kwargs):
+    out = fn(*args, **kwargs)
+    return await out if inspect.isawaitable(out) else out
+
+

@@ -1,0 +1,1 @@
+"""Compatibility with other systems' conventions, one sub-package per system (``slime``)."""

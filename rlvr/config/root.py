@@ -1,0 +1,224 @@
+"""The root ``Config``: one field per group, the rules between groups, and the index of every
+field by its flat (slime) name.
+
+Each component receives only its own group (``cfg.algo`` to algorithm code, ``cfg.rollout`` to the
+rollout, ...). ``validate()`` checks every group, then the rules that span groups; each message
+names the flag and what to change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlvr.config.agent import AgentConfig
+from rlvr.config.algo import AlgoConfig
+from rlvr.config.cluster import ClusterConfig
+from rlvr.config.engine import EngineConfig
+from rlvr.config.fields import flag_of
+from rlvr.config.groups import AsyncConfig, DataConfig, EvalConfig, RolloutConfig, RunConfig, TrainConfig
+from rlvr.config.reward import RewardConfig
+from rlvr.core.errors import ConfigError
+
+
+GROUPS: dict[str, type] = {
+    "data": DataConfig,
+    "rollout": RolloutConfig,
+    "engine": EngineConfig,
+    "reward": RewardConfig,
+    "algo": AlgoConfig,
+    "train": TrainConfig,
+    "eval": EvalConfig,
+    "asynchronous": AsyncConfig,
+    "run": RunConfig,
+    "cluster": ClusterConfig,
+    "agent": AgentConfig,
+}
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    asynchronous: AsyncConfig = field(default_factory=AsyncConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+
+    def __getattr__(self, name: str) -> Any:
+        """Any field by its flat (slime) name, ``cfg.n_samples_per_prompt`` for
+        ``cfg.rollout.n_samples_per_prompt``: the hooks that get the whole config where slime passes
+        ``args`` (custom generate, rollout and eval functions) read it as slime's code does."""
+        if name in FIELDS:
+            return getattr(getattr(self, FIELDS[name][0]), name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    # ---- derived numbers: rollout size, optimizer steps per rollout ------------------------
+    @property
+    def samples_per_rollout(self) -> int:
+        return self.rollout.rollout_batch_size * self.rollout.n_samples_per_prompt
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.train.global_batch_size or self.samples_per_rollout
+
+    @property
+    def steps_per_rollout(self) -> int:
+        return self.samples_per_rollout // self.global_batch_size
+
+    def validate(self, rl: bool = True) -> Config:
+        """Check every group, then the cross-group rules; ``rl=False`` (SFT) skips the RL-only ones.
+        What needs the implementations is checked by ``rlvr.runtime.configure.check``."""
+        for group in GROUPS:  # each checks its declared bounds (rlvr.config.fields.check_bounds), then its rules
+            getattr(self, group).validate()
+        if self.data.prompt_data is None:
+            raise ConfigError("--prompt-data", "is required: a JSONL or Parquet file, or a datasets directory, of prompts")
+        gbs, total = self.global_batch_size, self.samples_per_rollout
+        if gbs < 1 or total % gbs:
+            raise ConfigError(
+                "--global-batch-size",
+                f"{gbs} must divide the samples of one rollout (--rollout-batch-size "
+                f"{self.rollout.rollout_batch_size} x --n-samples-per-prompt "
+                f"{self.rollout.n_samples_per_prompt} = {total})",
+            )
+        if self.train.use_dynamic_batch_size and self.train.max_tokens_per_gpu:
+            # A response can be rollout_max_response_len long; the prompt needs room too.
+            if self.train.max_tokens_per_gpu <= self.rollout.rollout_max_response_len:
+                raise ConfigError(
+                    "--max-tokens-per-gpu",
+                    f"{self.train.max_tokens_per_gpu} cannot hold one response of --rollout-max-response-len "
+                    f"{self.rollout.rollout_max_response_len} plus its prompt; raise it",
+                )
+        if not rl:
+            if self.train.use_rollout_routing_replay:
+                raise ConfigError("--use-rollout-routing-replay", "replays the routing a rollout engine recorded; "
+                                  "SFT samples have none: drop it")
+            return self
+        if self.cluster.ray:
+            self._validate_ray()
+        if self.cluster.colocate:
+            self._validate_colocate()
+        if (self.agent.tools or self.agent.environment_path) and not self.data.apply_chat_template:
+            raise ConfigError("--tools" if self.agent.tools else "--environment-path",
+                              "multi-turn chat needs --apply-chat-template (turns follow the chat template)")
+        if self.agent.rollout_function_path and self.agent.per_sample:
+            raise ConfigError("--rollout-function-path", "replaces the whole rollout, so it cannot be combined with "
+                              "a per-sample generate function (--custom-generate-function-path, --tools, --environment-path)")
+        if self.asynchronous.async_train and (self.run.debug_rollout_only or self.run.debug_train_only):
+            raise ConfigError("--async", "overlaps sampling and training; the debug split (--debug-rollout-only, "
+                              "--debug-train-only, --load-debug-rollout-data) runs one of them alone: drop one")
+        uses_ref = self.algo.use_kl_loss or self.algo.kl_coef != 0
+        for name in ("ref_load", "ref_update_interval"):
+            if getattr(self.train, name) is not None and not uses_ref:
+                raise ConfigError(flag_of(name), "does nothing without a KL term; add --use-kl-loss or --kl-coef, or unset it")
+        if self.algo.use_score_centering and (self.rollout.rollout_top_p != 1 or self.rollout.rollout_top_k != -1):
+            raise ConfigError("--use-score-centering", "needs the untruncated sampling distribution (its head is q's top-k "
+                              "of the full vocabulary): set --rollout-top-p 1 --rollout-top-k -1")
+        self._validate_opd()
+        return self
+
+    def _validate_opd(self) -> None:
+        """The OPD rules between the algorithm and reward groups: a served teacher is read from
+        ``--rm-url``, which then cannot also be a remote reward model's."""
+        if not self.algo.use_opd or self.algo.opd_type != "sglang":
+            return
+        if not self.reward.rm_url:
+            raise ConfigError("--rm-url", "--opd-type sglang reads the teacher's log-probs from --rm-url: give the "
+                                          "teacher engine's /generate URL (e.g. http://127.0.0.1:30000/generate)")
+        if "remote_rm" in self.reward.rm_type:
+            raise ConfigError("--rm-type", "remote_rm also reads --rm-url, which --opd-type sglang uses for the "
+                                           "teacher; use a rule-based or judge reward, or --opd-type megatron")
+
+    def _validate_colocate(self) -> None:
+        """What cannot time-share a device with the trainer (both modes; rlvr.runtime.colocate, placement.py)."""
+        local, e = not self.cluster.ray, self.engine
+        refused = [
+            ("--rollout-external-engine-addrs", local and bool(e.rollout_external_engine_addrs),
+             "an external server keeps its own memory; drop --colocate (or the servers)"),
+            ("--rollout-num-engines", local and e.uses_engine_processes,
+             "rlvr serve processes keep their own memory; colocate one embedded engine (drop the flag)"),
+            ("--async", local and self.asynchronous.async_train,
+             "sampling and training overlap, so they cannot time-share the device; drop --colocate"),
+            ("--debug-rollout-only", local and self.run.debug_rollout_only,
+             "nothing trains, so there is nothing to time-share with; drop --colocate"),
+            ("--update-weights-interval", self.asynchronous.update_weights_interval != 1,
+             "a colocated engine is emptied while the trainer steps and reloaded after every step; use 1"),
+        ]
+        for flag, bad, why in refused:
+            if bad:
+                raise ConfigError(flag, f"with --colocate: {why}")
+
+    def _validate_ray(self) -> None:
+        """What ``--ray`` cannot do (yet), refused before any actor starts."""
+        c, world = self.cluster, self.cluster.train_world_size
+        # --weight-sync: a broadcast group is formed once, by the engines that exist at the start,
+        # and pushed to by the driver between steps (rlvr/distributed/broadcast.py)
+        static = {"--colocate": c.colocate, "--async": self.asynchronous.async_train,
+                  "--use-fault-tolerance": self.engine.use_fault_tolerance}
+        if c.weight_sync == "auto":
+            c.weight_sync = "broadcast" if c.gpus_per_engine and not any(static.values()) else "object_store"
+        elif c.weight_sync == "broadcast" and any(static.values()):
+            flag = next(f for f, on in static.items() if on)
+            raise ConfigError("--weight-sync", f"broadcast is formed once by the engines present at the start and "
+                                               f"pushed to between steps, which {flag} does not allow; use "
+                                               "object_store (or auto)")
+        if self.global_batch_size % world:
+            raise ConfigError("--global-batch-size", f"{self.global_batch_size} samples per optimizer step cannot be "
+                                                     f"split evenly across {world} training ranks; make it a multiple of {world}")
+        refused = [
+            ("--rollout-external-engine-addrs", bool(self.engine.rollout_external_engine_addrs),
+             "Ray engines are embedded engine actors; use external servers in local mode"),
+            ("--debug-rollout-only", self.run.debug_rollout_only and c.colocate,
+             "nothing trains, so there is nothing to time-share with; drop --colocate"),
+            ("--bf16", self.train.bf16 and c.train_backend == "fsdp",
+             "--train-backend fsdp keeps float32 parameters; drop --bf16 or use ddp"),
+            ("--offload-train", c.offload_train and c.train_backend == "fsdp",
+             "not built for FSDP2's sharded optimizer state yet; use ddp or drop it"),
+            ("--ref-update-interval", self.train.ref_update_interval is not None and c.train_backend == "fsdp",
+             "not supported with --train-backend fsdp yet; use ddp"),
+            ("--kl-loss-type", self.algo.kl_loss_type == "token_level_kl" and c.train_backend == "fsdp"
+             and bool(self.train.lora_rank or self.train.lora_adapter_path),
+             "token_level_kl reads the reference's hidden states, which LoRA under --train-backend fsdp keeps "
+             "sharded; use ddp or another --kl-loss-type"),
+            ("--async", self.asynchronous.async_train and c.colocate,
+             "sampling and training overlap, so they cannot time-share bundles; drop --colocate"),
+            ("--check-weight-update-equal", self.asynchronous.async_train and c.check_weight_update_equal,
+             "not checked on the producer's asynchronous weight pushes yet; drop it or --async"),
+        ]
+        for flag, bad, why in refused:
+            if bad:
+                raise ConfigError(flag, f"under --ray: {why}")
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {g: dataclasses.asdict(getattr(self, g)) for g in GROUPS}
+
+    def save_yaml(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        return path
+
+
+def _field_index() -> dict[str, tuple[str, dataclasses.Field]]:
+    """field name -> (group, Field), checking names are unique across groups."""
+    index: dict[str, tuple[str, dataclasses.Field]] = {}
+    for group, cls in GROUPS.items():
+        for f in fields(cls):
+            if f.name in index:
+                raise RuntimeError(f"config field {f.name!r} defined in both {index[f.name][0]} and {group}")
+            index[f.name] = (group, f)
+    return index
+
+
+FIELDS = _field_index()
+# Fields whose flag is not derived from the name (``async_train`` is ``--async``): YAML takes either.
+ALIASES = {f.metadata["flag"][2:].replace("-", "_"): name for name, (_, f) in FIELDS.items() if "flag" in f.metadata}
