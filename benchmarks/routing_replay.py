@@ -32,7 +32,7 @@ def main() -> None:
     from rlvr.models.moe import RoutingRecorder
     from rlvr.models.tiny import build_tiny_model
     from rlvr.train import routing_replay
-    from rlvr.train.packing import response_log_probs
+    from rlvr.train.logprobs import response_log_probs
     from rlvr.train.trainer import load_policy
     from rlvr.core.types import Sample
 

@@ -211,7 +211,7 @@ def colocated_cycle(ckpt: str) -> dict:
     from rlvr.engine.base import GenerateRequest, SamplingParams
     from rlvr.engine.embedded import EmbeddedEngine
     from rlvr.train.memory import peak_memory_gb
-    from rlvr.train.packing import response_log_probs
+    from rlvr.train.logprobs import response_log_probs
     from rlvr.train.trainer import Trainer
     from rlvr.core.types import Sample
 

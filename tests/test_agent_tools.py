@@ -136,7 +136,7 @@ CALLS = ('<tool_call>{"name": "multiply", "arguments": {"a": 12, "b": 34}}</tool
 
 
 def test_builtin_tool_loop_turns_bad_calls_into_observations(tiny_qwen2):
-    from rlvr.rollout.rollout import rollout_metrics
+    from rlvr.observe.rollout_metrics import rollout_metrics
 
     rollout, engine, tok = _agent(tiny_qwen2, [CALLS, "408"], tool_timeout=0.5)
     group = rollout.next_groups(1)[0]

@@ -183,7 +183,7 @@ def test_open_dataset_memory_is_independent_of_row_size(tmp_path):
 
 
 def test_per_source_metrics(tmp_path):
-    from rlvr.rollout.rollout import rollout_metrics
+    from rlvr.observe.rollout_metrics import rollout_metrics
     from rlvr.core.types import Sample, Status
 
     samples = [Sample("p", [1], metadata={"source_name": "gsm8k"}, reward=1.0, response_ids=[1, 2]),

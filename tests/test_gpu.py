@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from rlvr.models.tiny import build_tiny_model
-from rlvr.train.packing import response_log_probs
+from rlvr.train.logprobs import response_log_probs
 from rlvr.train.trainer import load_policy
 from rlvr.core.types import Sample
 from tests.conftest import SMALL

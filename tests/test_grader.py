@@ -11,7 +11,7 @@ from rlvr.runtime.configure import parse_config
 from rlvr.core.errors import ConfigError
 from rlvr.rewards import RewardConfig, grade, score
 from rlvr.rewards.grader import Grader
-from rlvr.rollout.rollout import rollout_metrics
+from rlvr.observe.rollout_metrics import rollout_metrics
 from rlvr.core.types import Sample
 
 CUSTOM = textwrap.dedent('''

@@ -26,8 +26,8 @@ from rlvr.entrypoints.cli import main
 from rlvr.engine.base import GenerateRequest, SamplingParams
 from rlvr.engine.embedded import EmbeddedEngine
 from rlvr.models.tiny import ARCHITECTURES, TINY_WINDOW, build_tiny_model, build_tokenizer
-from rlvr.train import packing
-from rlvr.train.packing import response_log_probs
+from rlvr.train import attention
+from rlvr.train.logprobs import response_log_probs
 from rlvr.train.trainer import load_policy
 from rlvr.core.types import Sample
 from tests.conftest import SMALL, write_lines
@@ -93,9 +93,9 @@ def test_packed_log_probs_equal_the_models_own_forward(family, monkeypatch):
     reference = AutoModelForCausalLM.from_pretrained(path).eval()  # its default attention (eager for Gemma 2)
     alone = _alone(reference, samples, 0.7, width)
     masks = []  # a packed forward builds no [N, N] mask, not even for sliding-window layers
-    monkeypatch.setattr(packing, "sdpa_mask", lambda *a, **k: masks.append(k["kv_length"]))
-    for small_group in (packing.SMALL_GROUP, 0):  # 0: prompts and responses attend in separate calls
-        monkeypatch.setattr(packing, "SMALL_GROUP", small_group)
+    monkeypatch.setattr(attention, "sdpa_mask", lambda *a, **k: masks.append(k["kv_length"]))
+    for small_group in (attention.SMALL_GROUP, 0):  # 0: prompts and responses attend in separate calls
+        monkeypatch.setattr(attention, "SMALL_GROUP", small_group)
         with torch.no_grad():
             packed, _ = response_log_probs(policy, samples, 0.7, width, False)
         assert (packed - alone).abs().max() <= 1e-5, (small_group, (packed - alone).abs().max())

@@ -85,7 +85,7 @@ def test_loaded_teacher_shapes_advantages_exactly(tiny_qwen2, teacher_ckpt):
     teacher = LoadedTeacher(load_policy(str(teacher_ckpt), False))
     tr = Trainer(TrainConfig(hf_checkpoint=str(tiny_qwen2), lr=1e-3), algo, n_samples_per_prompt=4, teacher=teacher)
     width = max(s.response_length for s in samples)
-    from rlvr.train.packing import response_log_probs
+    from rlvr.train.logprobs import response_log_probs
 
     with torch.no_grad():
         student = response_log_probs(tr.model, samples, 1.0, width, False)[0]

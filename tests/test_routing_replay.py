@@ -15,7 +15,7 @@ from rlvr.runtime.configure import check_train
 from rlvr.models.moe import RoutingRecorder, RoutingReplay
 from rlvr.models.tiny import build_tiny_model
 from rlvr.train import routing_replay
-from rlvr.train.packing import response_log_probs
+from rlvr.train.logprobs import response_log_probs
 from rlvr.train.trainer import load_policy
 from rlvr.core.types import Sample
 

@@ -12,7 +12,7 @@ from rlvr.engine.base import GenerateRequest, SamplingParams
 from rlvr.engine.embedded import EmbeddedEngine
 from rlvr.core.errors import ConfigError
 from rlvr.runtime.configure import check_algo
-from rlvr.train.packing import response_log_probs
+from rlvr.train.logprobs import response_log_probs
 from rlvr.train.trainer import load_policy
 from rlvr.core.types import Sample
 

@@ -13,7 +13,8 @@ from rlvr.algo.kl import compute_approx_kl, exact_kl, kl_loss_types
 from rlvr.config import TrainConfig
 from rlvr.core.errors import ConfigError
 from rlvr.models.tiny import build_tiny_model
-from rlvr.train.packing import Layout, decoder_and_head
+from rlvr.train.logprobs import decoder_and_head
+from rlvr.train.packing import Layout
 from rlvr.train.token_kl import ReferenceStates, reference_forward
 from rlvr.train.trainer import Trainer, load_policy
 from tests.conftest import SMALL, random_samples
@@ -74,7 +75,7 @@ def test_chunked_exact_kl_matches_brute_force_values_and_gradients(pair, chunk):
     states = ReferenceStates(decoder_and_head(ref)[1])
     width = max(s.response_length for s in samples)
     reference_forward(ref, samples, list(range(5)), states, 0.8, width, chunk, Layout())
-    from rlvr.train.packing import response_log_probs
+    from rlvr.train.logprobs import response_log_probs
 
     policy.zero_grad()
     _, _, kl_rows = response_log_probs(policy, samples, 0.8, width, True, chunk, kl_ref=states.for_micro_batch([0, 1, 2, 3, 4]))

@@ -236,100 +236,9 @@ def _signal(pid: int, sig: int, group: bool = False) -> None:
 
 
 # --------------------------------------------------------------------------- the launcher
-# Runs as the child, between fork and the program: joins the cgroups, enters the namespaces, sets
-# the rlimits, drops privileges and execs the program. It reports the layers it set up as JSON on
-# a pipe (fd in the config) that it closes before exec, so the program never sees it.
-_LAUNCHER = r"""
-import ctypes, json, os, resource, sys
-cfg = json.loads(sys.argv[1])
-active, missing = [], []
-libc = ctypes.CDLL(None, use_errno=True)
-
-def check(ret, what):
-    if ret != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, f"{what}: {os.strerror(e)}")
-
-class MountAttr(ctypes.Structure):
-    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
-                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
-
-def closed_ancestor(path):
-    # The outermost directory on the way to ``path`` that others may not traverse (e.g. /root).
-    parts = path.strip("/").split("/")
-    for i in range(1, len(parts) + 1):
-        d = "/" + "/".join(parts[:i])
-        if not os.stat(d).st_mode & 0o001:
-            return d
-    return None
-
-def private_readonly_fs(workdir, disk_mb, owner):
-    # New mount namespace; every mount in it read-only, nosuid, private (nothing leaks back);
-    # then a fresh tmpfs on the working directory: the only writable place, size-limited.
-    # If the interpreter lives under a directory closed to others (pyenv under /root), that
-    # directory is covered by an empty tmpfs and only the interpreter's prefix is bound back in.
-    with open(os.path.join(workdir, cfg["program"]), "rb") as f:
-        program = f.read()
-    check(libc.unshare(0x00020000), "unshare(CLONE_NEWNS)")
-    check(libc.mount(None, b"/", None, 0x4000 | (1 << 18), None), "make / private")
-    prefix = cfg["prefix"]
-    closed = closed_ancestor(prefix)
-    if closed is not None:
-        src = os.open(prefix, os.O_PATH)
-        check(libc.mount(b"tmpfs", closed.encode(), b"tmpfs", 0, b"size=1m,mode=0755"), "mount tmpfs")
-        os.makedirs(prefix, exist_ok=True)
-        check(libc.mount(f"/proc/self/fd/{src}".encode(), prefix.encode(), None, 4096 | 0x4000, None),
-              "bind interpreter prefix")
-        os.close(src)
-    attr = MountAttr(1 | 2, 0, 0, 0)  # MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID
-    check(libc.syscall(442, -100, b"/", 0x8000, ctypes.byref(attr), ctypes.sizeof(attr)),
-          "mount_setattr(/, AT_RECURSIVE, RDONLY)")
-    opts = f"size={disk_mb}m,mode=0700,uid={owner[0]},gid={owner[1]}".encode()
-    check(libc.mount(b"tmpfs", workdir.encode(), b"tmpfs", 2 | 4, opts), "mount tmpfs workdir")
-    os.chdir(workdir)  # the old cwd is now hidden under the tmpfs
-    with open(cfg["program"], "wb") as f:
-        f.write(program)
-
-def report(**msg):
-    os.write(cfg["status_fd"], (json.dumps(msg) + "\n").encode())
-
-try:
-    os.set_inheritable(cfg["status_fd"], False)  # closed by exec: the program never sees it
-    for controller, path in cfg["cgroups"].items():
-        with open(os.path.join(path, "cgroup.procs"), "w") as f:
-            f.write(str(os.getpid()))
-        active.append(f"{controller} cgroup")
-    user = cfg["user"]
-    if user:
-        try:
-            check(libc.unshare(0x40000000), "unshare(CLONE_NEWNET)")
-            active.append("network namespace")
-        except OSError as e:
-            missing.append(f"network namespace ({e})")
-        try:
-            private_readonly_fs(cfg["workdir"], cfg["disk_mb"], user)
-            active += ["read-only filesystem", "tmpfs workdir"]
-        except OSError as e:
-            missing.append(f"read-only filesystem ({e})")
-            if closed_ancestor(cfg["prefix"]) is not None:  # nobody could not even start Python
-                missing.append(f"unprivileged uid (the interpreter is under {closed_ancestor(cfg['prefix'])})")
-                user = None
-    for name, value in cfg["rlimits"].items():
-        resource.setrlimit(getattr(resource, name), tuple(value))
-    active.append("rlimits " + ",".join(sorted(cfg["rlimits"])))
-    check(libc.prctl(38, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
-    active.append("no_new_privs")
-    if user:
-        os.setgroups([])
-        os.setgid(user[1])
-        os.setuid(user[0])
-        active.append(f"uid {user[0]}")
-    report(active=active, missing=missing)
-    os.execv(cfg["python"], [cfg["python"], "-I", "-S", "-B", cfg["program"]])
-except BaseException as e:
-    report(error=f"{type(e).__name__}: {e}")
-    os._exit(125)
-"""
+# The child runs rlvr/rewards/sandbox_launcher.py between fork and the program (a file of its own
+# so that it is read, linted and tested as code); it imports the standard library only.
+_LAUNCHER = str(Path(__file__).with_name("sandbox_launcher.py"))
 
 
 def _rlimits(limits: SandboxLimits, nproc_fallback: bool) -> dict[str, list[int]]:
@@ -441,6 +350,89 @@ async def run_program(source: str, stdin: str = "", limits: SandboxLimits = Sand
         return await _run(source, stdin, limits)
 
 
+@dataclass
+class _Child:
+    """One started program: its process and the readers of its output."""
+
+    proc: asyncio.subprocess.Process
+    out: _Capture
+    err: _Capture
+    overflow: asyncio.Event
+    readers: list[asyncio.Future]
+    feeder: asyncio.Future
+    exited: asyncio.Future
+
+
+def _launcher_config(limits: SandboxLimits, cgroups: _RunCgroups, user, workdir: Path, status_w: int) -> dict:
+    return {
+        "cgroups": {k: str(p) for k, p in cgroups.dirs.items()}, "user": user, "workdir": str(workdir),
+        "disk_mb": limits.disk_mb, "program": _PROGRAM, "status_fd": status_w,
+        "python": _PYTHON, "prefix": os.path.dirname(os.path.dirname(_PYTHON)),
+        "rlimits": _rlimits(limits, nproc_fallback="pids" not in cgroups.dirs and user is not None),
+    }
+
+
+async def _start(cfg: dict, workdir: Path, stdin: str, limits: SandboxLimits) -> _Child:
+    """The launcher in a new session, its output read and its stdin fed in the background."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-I", "-S", "-B", _LAUNCHER, json.dumps(cfg),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, cwd=workdir, env={**_CLEAN_ENV, "HOME": str(workdir)},
+            start_new_session=True, pass_fds=(cfg["status_fd"],),
+        )
+    finally:
+        os.close(cfg["status_fd"])
+    overflow = asyncio.Event()
+    out = _Capture(proc.stdout, limits.max_output_bytes, overflow)
+    err = _Capture(proc.stderr, limits.max_output_bytes, overflow)
+    readers = [asyncio.ensure_future(c.run()) for c in (out, err)]
+    feeder = asyncio.ensure_future(_feed(proc.stdin, stdin.encode()))
+    return _Child(proc, out, err, overflow, readers, feeder, asyncio.ensure_future(_exit_status(proc)))
+
+
+async def _finish(child: _Child, cgroups: _RunCgroups, limits: SandboxLimits) -> tuple[int, bool]:
+    """Wait for the exit, the timeout or the output cap; then kill the program's group and
+    everything left in its cgroups (setsid daemons), and drain the output. (returncode, timed out)."""
+    overflowed = asyncio.ensure_future(child.overflow.wait())
+    await asyncio.wait([child.exited, overflowed], timeout=limits.timeout, return_when=asyncio.FIRST_COMPLETED)
+    timed_out = not child.exited.done() and not child.overflow.is_set()
+    overflowed.cancel()
+    _signal(child.proc.pid, signal.SIGKILL, group=True)
+    emptied = await cgroups.kill_all()
+    returncode = await asyncio.wait_for(child.exited, 5.0)
+    child.feeder.cancel()
+    # Every holder of the pipes is dead when the cgroup is empty; without a cgroup an escaped
+    # daemon may hold them open, so the drain is bounded and the pipes are then closed.
+    await asyncio.wait(child.readers, timeout=1.0 if emptied and cgroups.dirs else 0.2)
+    for r in child.readers:
+        r.cancel()
+    if not all(r.done() and not r.cancelled() for r in child.readers):
+        child.proc._transport.close()  # asyncio has no public way to drop a process's pipes
+    try:  # let asyncio reap it now, not after the caller's event loop is gone
+        await asyncio.wait_for(child.proc.wait(), 1.0)
+    except asyncio.TimeoutError:
+        pass
+    return returncode, timed_out
+
+
+def _result(child: _Child, status: dict, cgroups: _RunCgroups, limits: SandboxLimits, returncode: int,
+            timed_out: bool, start: float) -> RunResult:
+    if "error" in status:
+        raise SandboxError(f"sandbox launcher failed: {status['error']}")
+    out, err = child.out, child.err
+    reason = explain(
+        returncode, err.text(), limits, timed_out=timed_out, output_limit=child.overflow.is_set(),
+        pids_hit=cgroups.counter("pids", "pids.events", "max"),
+        oom_kills=cgroups.counter("memory", "memory.oom_control", "oom_kill"),
+    )
+    protections = status.get("active", []) + [f"missing: {m}" for m in status.get("missing", [])]
+    if not cgroups.dirs:
+        protections.append("missing: cgroups (daemons that setsid can outlive the run)")
+    return RunResult(returncode, out.text(), err.text(), reason, time.monotonic() - start,
+                     out.truncated or err.truncated, protections)
+
+
 async def _run(source: str, stdin: str, limits: SandboxLimits) -> RunResult:
     start = time.monotonic()
     name = f"rlvr-sbx-{os.getpid()}-{next(_RUN_IDS)}"
@@ -448,71 +440,18 @@ async def _run(source: str, stdin: str, limits: SandboxLimits) -> RunResult:
     cgroups = _RunCgroups(limits, name)
     workdir = Path(tempfile.mkdtemp(prefix=name + "-"))
     status_r, status_w = os.pipe()
-    proc = None
+    child = None
     try:
         (workdir / _PROGRAM).write_text(source)
         if user is not None:
             os.chown(workdir, *user)
             os.chmod(workdir, 0o700)
-        cfg = {
-            "cgroups": {k: str(p) for k, p in cgroups.dirs.items()}, "user": user,
-            "workdir": str(workdir),
-            "disk_mb": limits.disk_mb, "program": _PROGRAM, "status_fd": status_w,
-            "python": _PYTHON, "prefix": os.path.dirname(os.path.dirname(_PYTHON)),
-            "rlimits": _rlimits(limits, nproc_fallback="pids" not in cgroups.dirs and user is not None),
-        }
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-I", "-S", "-B", "-c", _LAUNCHER, json.dumps(cfg),
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, cwd=workdir, env={**_CLEAN_ENV, "HOME": str(workdir)},
-                start_new_session=True, pass_fds=(status_w,),
-            )
-        finally:
-            os.close(status_w)
-        overflow = asyncio.Event()
-        out = _Capture(proc.stdout, limits.max_output_bytes, overflow)
-        err = _Capture(proc.stderr, limits.max_output_bytes, overflow)
-        readers = [asyncio.ensure_future(c.run()) for c in (out, err)]
-        feeder = asyncio.ensure_future(_feed(proc.stdin, stdin.encode()))
-        exited = asyncio.ensure_future(_exit_status(proc))
-        overflowed = asyncio.ensure_future(overflow.wait())
-        await asyncio.wait([exited, overflowed], timeout=limits.timeout,
-                           return_when=asyncio.FIRST_COMPLETED)
-        timed_out = not exited.done() and not overflow.is_set()
-        overflowed.cancel()
-        # Clean-up: the program's group, then everything left in its cgroups (setsid daemons).
-        _signal(proc.pid, signal.SIGKILL, group=True)
-        emptied = await cgroups.kill_all()
-        returncode = await asyncio.wait_for(exited, 5.0)
-        feeder.cancel()
-        # Every holder of the pipes is dead when the cgroup is empty; without a cgroup an escaped
-        # daemon may hold them open, so the drain is bounded and the pipes are then closed.
-        await asyncio.wait(readers, timeout=1.0 if emptied and cgroups.dirs else 0.2)
-        for r in readers:
-            r.cancel()
-        if not all(r.done() and not r.cancelled() for r in readers):
-            proc._transport.close()  # asyncio has no public way to drop a process's pipes
-        try:  # let asyncio reap it now, not after the caller's event loop is gone
-            await asyncio.wait_for(proc.wait(), 1.0)
-        except asyncio.TimeoutError:
-            pass
-        status = _read_status(status_r)
-        if "error" in status:
-            raise SandboxError(f"sandbox launcher failed: {status['error']}")
-        reason = explain(
-            returncode, err.text(), limits, timed_out=timed_out, output_limit=overflow.is_set(),
-            pids_hit=cgroups.counter("pids", "pids.events", "max"),
-            oom_kills=cgroups.counter("memory", "memory.oom_control", "oom_kill"),
-        )
-        protections = status.get("active", []) + [f"missing: {m}" for m in status.get("missing", [])]
-        if not cgroups.dirs:
-            protections.append("missing: cgroups (daemons that setsid can outlive the run)")
-        return RunResult(returncode, out.text(), err.text(), reason, time.monotonic() - start,
-                         out.truncated or err.truncated, protections)
+        child = await _start(_launcher_config(limits, cgroups, user, workdir, status_w), workdir, stdin, limits)
+        returncode, timed_out = await _finish(child, cgroups, limits)
+        return _result(child, _read_status(status_r), cgroups, limits, returncode, timed_out, start)
     finally:
-        if proc is not None and proc.returncode is None:
-            _signal(proc.pid, signal.SIGKILL, group=True)
+        if child is not None and child.proc.returncode is None:
+            _signal(child.proc.pid, signal.SIGKILL, group=True)
         await cgroups.kill_all()
         await cgroups.remove()
         os.close(status_r)

@@ -54,7 +54,7 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Mapping
+from typing import Mapping, Protocol
 
 import torch
 
@@ -85,8 +85,30 @@ def with_untrained(state: dict, groups: list[list[Sample]]) -> dict:
     return state | {"buffer": [[sample_to_dict(s) for s in g] for g in groups] + state["buffer"]}
 
 
-class BatchSource:
-    """What every batch source shares: a ``with`` block closes it (``close`` stops its thread, if any)."""
+class BatchSource(Protocol):
+    """Where the driver gets its batches and sends its weights (``rlvr.runtime.loop``): the
+    synchronous source, the async producer, the rollout-function producer and the Ray proxy.
+    Sources subclass it for the ``with`` block (``close`` stops a source's thread, if any)."""
+
+    def next_batch(self, rollout_id: int) -> RolloutBatch:
+        """The batch trained at version ``rollout_id``."""
+        ...
+
+    def update_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        """Push the trainer's weights (``version``: the steps trained) to the engines."""
+        ...
+
+    def wait_for_weights(self) -> None:
+        """Return once the last pushed weights are in the engines."""
+        ...
+
+    def data_state(self) -> dict:
+        """The data source's state as of the batches handed out (for a checkpoint)."""
+        ...
+
+    def pending_groups(self) -> list[list[Sample]]:
+        """Groups made but not trained when the run stops (kept in the checkpoint's data state)."""
+        ...
 
     def close(self) -> None:
         pass

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import math
 import statistics
 import time
 
@@ -28,7 +27,7 @@ from rlvr.algo.shaping import overlong_penalty
 from rlvr.config import EvalConfig, RolloutConfig
 from rlvr.data.dataset import DataSource, PromptRecord, render_prompt
 from rlvr.engine.base import Engine, GenerateRequest, GenerateResult, SamplingParams
-from rlvr.observe.metrics import compute_statistics
+from rlvr.observe.rollout_metrics import pass_rates, rollout_metrics
 from rlvr.core.registry import resolve
 from rlvr.rewards.grader import Grader
 from rlvr.rollout.filters import FILTERS
@@ -320,55 +319,6 @@ class Rollout:
                 s.reward = float(s.reward) + penalty
 
 
-def rollout_metrics(samples: list[Sample], n: int, prefix: str) -> dict[str, float]:
-    """Reward, length, truncation and group statistics of a list of samples."""
-    rewards = [s.scalar_reward() for s in samples]
-    lengths = [s.response_length for s in samples]
-    groups = [rewards[i : i + n] for i in range(0, len(rewards), n)]
-    m = {
-        "raw_reward": statistics.fmean(rewards),
-        # Fully correct responses (unshaped reward 1.0): the accuracy of 0/1 verifiers.
-        "accuracy": statistics.fmean(float(s.metadata.get("score", s.scalar_reward()) >= 1.0) for s in samples),
-        **{f"response_len/{k}": v for k, v in compute_statistics(lengths).items()},  # mean/median/max/min
-        "truncated_ratio": sum(s.status == Status.TRUNCATED for s in samples) / len(samples),
-        "reward_errors": float(sum("reward_error" in s.metadata for s in samples)),
-    }
-    extras: dict[str, list[float]] = {}
-    for s in samples:
-        if isinstance(s.reward, dict):
-            for k, v in s.reward.items():
-                if k != "score" and isinstance(v, (int, float)):  # bools count as 0/1
-                    extras.setdefault(k, []).append(float(v))
-    for k, values in extras.items():
-        m[f"reward/{k}"] = statistics.fmean(values)
-    if n > 1:
-        m["zero_std_ratio"] = sum(len(set(g)) == 1 for g in groups) / len(groups)
-    m |= source_metrics(samples)
-    m |= turn_metrics(samples)
-    m |= dcpo_metrics(samples)
-    return {prefix + k: v for k, v in m.items()}
-
-
-def pass_rates(rewards: list[float], n: int) -> dict[str, float]:
-    """slime's ``--log-passrate``: unbiased pass@k (Chen et al. 2021, eq. 1) for k = 1, 2, 4, ... <= n,
-    averaged over the groups of ``n`` consecutive rewards; a response passes when its reward is 1.
-
-    >>> pass_rates([1.0, 0.0, 0.0, 0.0], 4)
-    {'pass@1': 0.25, 'pass@2': 0.5, 'pass@4': 1.0}
-    """
-    if n < 2:
-        return {}
-    groups = [rewards[i : i + n] for i in range(0, len(rewards), n)]
-    out = {}
-    for k in [2**i for i in range(n.bit_length()) if 2**i <= n]:
-        per_group = []
-        for g in groups:
-            wrong = sum(r != 1.0 for r in g)  # 1 - C(wrong, k) / C(n, k)
-            per_group.append(1.0 - math.comb(wrong, k) / math.comb(len(g), k))
-        out[f"pass@{k}"] = statistics.fmean(per_group)
-    return out
-
-
 def remove_samples(path: str, args, groups: list[list[Sample]]) -> int:
     """slime's ``--rollout-sample-filter-path``: ``fn(args, groups)`` sets ``remove_sample = True``
     on samples that must not train; those get loss mask 0 (they stay in the batch, so group
@@ -392,67 +342,3 @@ def check_groups(groups: list[list[Sample]], cfg: RolloutConfig) -> list[list[Sa
                          f"training needs --rollout-batch-size {cfg.rollout_batch_size} groups of "
                          f"--n-samples-per-prompt {cfg.n_samples_per_prompt} samples")
     return groups
-
-
-def dcpo_metrics(samples: list[Sample]) -> dict[str, float]:
-    """DCPO's own metrics (seed 000 §3.3.1: prefix ``dcpo/`` on the rollout side, under ``rollout/``
-    or ``eval/<name>/``) for rewards carrying a stated ``confidence`` (``--rm-type math_confidence``
-    / ``dcpo``): accuracy, confidence, the share that stated one, calibration error |acc - conf|
-    and the Brier score (acc - conf)^2; ``{}`` otherwise.
-
-    >>> from rlvr.core.types import Sample
-    >>> s = [Sample("p", [1], reward={"score": 1.0, "confidence": 0.8, "confidence_char_pos": 3}),
-    ...      Sample("p", [1], reward={"score": 0.0, "confidence": 0.0, "confidence_char_pos": -1})]
-    >>> {k: round(v, 3) for k, v in dcpo_metrics(s).items()}["dcpo/brier"]
-    0.02
-    """
-    rated = [s for s in samples if isinstance(s.reward, dict) and "confidence" in s.reward]
-    if not rated:
-        return {}
-    acc = [float(s.metadata.get("score", s.scalar_reward())) for s in rated]
-    conf = [float(s.reward["confidence"]) for s in rated]
-    return {"dcpo/accuracy": statistics.fmean(acc), "dcpo/confidence": statistics.fmean(conf),
-            "dcpo/has_confidence": statistics.fmean(float(s.reward.get("confidence_char_pos", 0) >= 0) for s in rated),
-            "dcpo/calibration_error": statistics.fmean(abs(a - c) for a, c in zip(acc, conf)),
-            "dcpo/brier": statistics.fmean((a - c) ** 2 for a, c in zip(acc, conf))}
-
-
-def turn_metrics(samples: list[Sample]) -> dict[str, float]:
-    """Multi-turn statistics, for samples whose metadata records ``turns`` (issue 17): turns,
-    tool calls and tool errors (and per-tool counts); ``{}`` for single-turn rollouts."""
-    multi = [s for s in samples if "turns" in s.metadata]
-    if not multi:
-        return {}
-    turns = [s.metadata["turns"] for s in multi]
-    m = {"turns/mean": statistics.fmean(turns), "turns/max": float(max(turns)),
-         "tool_calls/mean": statistics.fmean(s.metadata.get("tool_calls", 0) for s in multi),
-         "tool_errors": float(sum(s.metadata.get("tool_errors", 0) for s in multi))}
-    per_tool: dict[str, int] = {}
-    for s in multi:
-        for name, count in s.metadata.get("tool_counts", {}).items():
-            per_tool[name] = per_tool.get(name, 0) + count
-    m |= {f"tool_calls/{name}": float(c) for name, c in sorted(per_tool.items())}
-    return m
-
-
-def source_metrics(samples: list[Sample]) -> dict[str, float]:
-    """Per-source statistics, ``<source>/raw_reward`` etc., for samples whose prompt metadata
-    carries ``source_name`` (a mixed dataset); ``{}`` when none does.
-
-    >>> from rlvr.core.types import Sample
-    >>> s = [Sample("p", [1], metadata={"source_name": "gsm8k"}, reward=1.0, response_ids=[5, 6]),
-    ...      Sample("p", [1], metadata={"source_name": "math"}, reward=0.0, response_ids=[5])]
-    >>> source_metrics(s)["gsm8k/raw_reward"], source_metrics(s)["math/response_len/mean"]
-    (1.0, 1.0)
-    """
-    by_source: dict[str, list[Sample]] = {}
-    for s in samples:
-        if s.metadata.get("source_name") is not None:
-            by_source.setdefault(str(s.metadata["source_name"]), []).append(s)
-    m: dict[str, float] = {}
-    for source, group in sorted(by_source.items()):
-        m[f"{source}/raw_reward"] = statistics.fmean(s.scalar_reward() for s in group)
-        m[f"{source}/response_len/mean"] = statistics.fmean(s.response_length for s in group)
-        m[f"{source}/truncated_ratio"] = sum(s.status == Status.TRUNCATED for s in group) / len(group)
-        m[f"{source}/count"] = float(len(group))
-    return m

@@ -35,7 +35,7 @@ from rlvr.config import Config
 from rlvr.core.errors import DataError
 from rlvr.observe import ConsoleProgress, MetricsLogger, plot_runs
 from rlvr.observe.run_files import open_logger, prepare_run_dir, skipped_rollout_path, write_ledger, write_samples
-from rlvr.rollout.producer import SyncBatches, make_producer
+from rlvr.rollout.producer import BatchSource, SyncBatches, make_producer
 from rlvr.rollout.rollout import Rollout
 from rlvr.core.testing import crash_point
 from rlvr.core.types import RolloutBatch
@@ -89,7 +89,7 @@ class Step:
 
     cfg: Config
     c: Components
-    source: object  # SyncBatches / AsyncProducer / RolloutFunctionProducer / RayAsyncSource
+    source: BatchSource  # SyncBatches / AsyncProducer / RolloutFunctionProducer / RayAsyncSource
     logger: MetricsLogger
     run_dir: Path
 

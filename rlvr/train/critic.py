@@ -20,7 +20,9 @@ import torch
 from transformers import AutoModel
 
 from rlvr.algo import aggregate_loss, compute_value_loss
-from rlvr.train.packing import ATTN_IMPLEMENTATION, pack, response_hidden, to_rows
+from rlvr.train.attention import ATTN_IMPLEMENTATION
+from rlvr.train.logprobs import response_hidden, to_rows
+from rlvr.train.packing import pack
 from rlvr.train.parallel import SingleProcess
 from rlvr.train.step import Learner, accumulate, optimizer_step
 from rlvr.core.types import Sample

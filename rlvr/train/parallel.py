@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from rlvr.train.batching import balanced_partitions, data_parallel_split
-from rlvr.train.packing import response_log_probs
+from rlvr.train.logprobs import response_log_probs
 
 
 class LogProbModule(torch.nn.Module):

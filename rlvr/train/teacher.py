@@ -27,7 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from rlvr.rewards.remote import post_json
-from rlvr.train.packing import Layout, response_log_probs
+from rlvr.train.logprobs import response_log_probs
+from rlvr.train.packing import Layout
 from rlvr.core.types import Sample
 
 log = logging.getLogger(__name__)

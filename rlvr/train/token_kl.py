@@ -10,7 +10,7 @@ real vocabulary, so:
    along with the sampled tokens' log-probs (``ReferenceStates``).
 2. In each training forward the policy's output layer runs chunk by chunk
    (``--log-probs-chunk-size``); each chunk also applies the reference's output layer to the same
-   rows and sums ``p (log p - log p_ref)`` (``packing.KLReference``); the chunk is recomputed in
+   rows and sums ``p (log p - log p_ref)`` (``logprobs.KLReference``); the chunk is recomputed in
    backward. So at most one chunk's ``[chunk, vocab]`` distributions exist at a time, for the
    policy and the reference alike.
 
@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rlvr.train.packing import KLReference, Layout, decoder_and_head, response_hidden, to_rows, token_log_probs
+from rlvr.train.logprobs import KLReference, decoder_and_head, response_hidden, to_rows, token_log_probs
+
+from rlvr.train.packing import Layout
 from rlvr.core.types import Sample
 
 

@@ -77,7 +77,9 @@ from rlvr.train.batching import first_fit_decreasing, fixed_size, micro_batches,
 from rlvr.train.critic import CriticTrainer
 from rlvr.train.guard import BadStepGuard
 from rlvr.train.memory import peak_memory_gb, reset_peak_memory
-from rlvr.train.packing import ATTN_IMPLEMENTATION, Layout, decoder_and_head, response_log_probs
+from rlvr.train.attention import ATTN_IMPLEMENTATION
+from rlvr.train.logprobs import decoder_and_head, response_log_probs
+from rlvr.train.packing import Layout
 from rlvr.train.parallel import Parallel, SingleProcess
 from rlvr.train.schedule import lr_at
 from rlvr.train.step import Learner, accumulate, adamw, optimizer_step
@@ -413,7 +415,7 @@ class Trainer:
 
         ``token_loss(mb, log_probs, entropy) -> (per-token loss, per-token metrics)``, all [b, T].
         Every micro-batch is normalised by the global batch's ``denominator``, so the summed
-        gradient equals the one-batch gradient. ``kl_ref(mb) -> packing.KLReference`` (token_level_kl)
+        gradient equals the one-batch gradient. ``kl_ref(mb) -> logprobs.KLReference`` (token_level_kl)
         adds the exact KL to the forward's outputs, passed to ``token_loss`` as a fourth argument.
         """
         width = mask.shape[1]
