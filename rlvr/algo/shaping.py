@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch  # noqa: F401 (doctest)
 from torch import Tensor
 
 
