@@ -114,8 +114,8 @@ def test_engine_in_the_same_precision_agrees_and_the_shared_prompt_matches(tiny_
 
 def test_dense_model_is_refused(tiny_qwen2, tiny_moe):
     with pytest.raises(ConfigError, match="--use-rollout-routing-replay.*dense"):
-        check_train(TrainConfig(hf_checkpoint=str(tiny_qwen2), use_rollout_routing_replay=True).validate())
-    check_train(TrainConfig(hf_checkpoint=str(tiny_moe), use_rollout_routing_replay=True).validate())
+        check_train(TrainConfig(hf_checkpoint=str(tiny_qwen2), use_rollout_routing_replay=True))
+    check_train(TrainConfig(hf_checkpoint=str(tiny_moe), use_rollout_routing_replay=True))
     with pytest.raises(ValueError, match="dense model"):
         RoutingReplay(load_policy(str(tiny_qwen2), False))
     with pytest.raises(ValueError, match="--enable-return-routed-experts.*dense"):

@@ -27,7 +27,7 @@ class Environment(Protocol):
 
 
 async def generate_with_environment(cfg, sample: Sample, sampling_params: dict) -> Sample:
-    from rlvr.agents.context import call_maybe_async, context
+    from rlvr.agents.hook_context import call_maybe_async, context
     from rlvr.core.registry import load_function
 
     ctx = context()

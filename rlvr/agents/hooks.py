@@ -42,7 +42,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
-from rlvr.agents.context import _CONTEXT, AgentContext, call_maybe_async, sampling_dict
+from rlvr.agents.hook_context import _CONTEXT, AgentContext, call_maybe_async, sampling_dict
 from rlvr.agents.session import EngineHandle
 from rlvr.engine.base import SamplingParams
 from rlvr.core.registry import load_function

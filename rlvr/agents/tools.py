@@ -245,7 +245,7 @@ PYTHON = [python_tool]  # --tools rlvr.agents.tools:PYTHON
 # ---- the built-in loop ---------------------------------------------------------------------------
 async def generate_with_tools(cfg, sample: Sample, sampling_params: dict) -> Sample:
     """``--tools``: model turn, tool calls, observations, ... (module docstring)."""
-    from rlvr.agents.context import context
+    from rlvr.agents.hook_context import context
 
     ctx = context()
     tools, turns, a = ctx.agent.tools, ctx.turns, cfg.agent

@@ -18,84 +18,23 @@ must see that directory (same machine or shared filesystem), as with SGLang's di
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
+import dataclasses
 import logging
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Iterable, Mapping
 
 import aiohttp
-import numpy as np
 import torch
 from safetensors.torch import save_file
 
 from rlvr.engine.balance import Affinity
 from rlvr.engine.base import GenerateRequest, GenerateResult
-from rlvr.models.moe import index_dtype
+from rlvr.engine.sglang_http import health, parse_addr, post, post_generate
 
 log = logging.getLogger(__name__)
-
-
-def parse_addr(addr: str) -> str:
-    """``host:port`` -> ``http://host:port``; anything else raises ValueError."""
-    host, sep, port = addr.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"engine address {addr!r} is not host:port")
-    return f"http://{host}:{port}"
-
-
-def sglang_payload(req: GenerateRequest, rid: str, routed_experts: bool = False) -> dict:
-    p = req.params
-    sp = {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "max_new_tokens": p.max_new_tokens,
-          "stop_token_ids": list(p.stop_token_ids), "stop": list(p.stop),
-          # SGLang stops at the model's EOS unless ignore_eos, and ignore_eos also silences
-          # stop_token_ids there: so only a request without stop ids asks to ignore EOS.
-          "ignore_eos": not p.stop_token_ids}
-    if p.seed is not None:
-        sp["sampling_seed"] = p.seed
-    payload = {"input_ids": req.prompt_ids, "sampling_params": sp, "return_logprob": True, "rid": rid}
-    if p.top_logprobs_num:  # score centering's head of q
-        payload["top_logprobs_num"] = p.top_logprobs_num
-    if routed_experts:  # R3; the server must run with --enable-return-routed-experts
-        payload["return_routed_experts"] = True
-    return payload
-
-
-def encode_routed_experts(routes: torch.Tensor) -> str:
-    """``[positions, layers, k]`` expert ids as SGLang sends them: base64 of little-endian int32."""
-    return base64.b64encode(routes.to(torch.int32).numpy().astype("<i4").tobytes()).decode()
-
-
-def decode_routed_experts(text: str, positions: int, top_k: int) -> torch.Tensor:
-    """``encode_routed_experts``'s inverse: ``[positions, layers, top_k]`` (the layer count follows)."""
-    flat = torch.from_numpy(np.frombuffer(base64.b64decode(text), dtype="<i4").copy())
-    if positions <= 0 or flat.numel() % (positions * top_k):
-        raise ValueError(f"routed_experts: {flat.numel()} ids do not split into {positions} positions x top-k {top_k}")
-    return flat.view(positions, -1, top_k).to(index_dtype(int(flat.max()) + 1 if flat.numel() else 0))
-
-
-def parse_output(req: GenerateRequest, out: dict, routed_experts_top_k: int = 0) -> GenerateResult:
-    """An SGLang ``/generate`` answer -> ``GenerateResult`` (with ``routed_experts`` when
-    ``routed_experts_top_k`` is given and the server sent them)."""
-    meta = out["meta_info"]
-    pairs = meta.get("output_token_logprobs") or []
-    tokens = [int(t) for _, t, *_ in pairs] if pairs else list(out.get("output_ids", []))
-    log_probs = [float(lp) for lp, *_ in pairs]
-    reason = (meta.get("finish_reason") or {}).get("type", "length")
-    version = int(meta.get("weight_version") or 0)
-    versions = meta.get("output_token_weight_versions") or [version] * len(tokens)
-    routes = None
-    if routed_experts_top_k and meta.get("routed_experts"):
-        routes = decode_routed_experts(meta["routed_experts"], len(req.prompt_ids) + len(tokens) - 1, routed_experts_top_k)
-    top = meta.get("output_top_logprobs") or []
-    return GenerateResult(req.rid, tokens, log_probs, reason, version, {"server_id": meta.get("id")}, list(versions),
-                          routed_experts=routes, top_token_ids=[[int(t) for _, t, *_ in row] for row in top],
-                          top_log_probs=[[float(lp) for lp, *_ in row] for row in top])
 
 
 class HttpEngine:
@@ -143,16 +82,11 @@ class HttpEngine:
                 break
             self.outstanding[url] += 1
             try:
-                async with session.post(url + "/generate", json=sglang_payload(req, rid, bool(self.routed_experts_top_k))) as resp:
-                    if resp.status == 400:  # our request is bad: retrying elsewhere will not help
-                        body = await resp.text()
-                        return GenerateResult(req.rid, [], [], "error", self._version, {"error": f"HTTP 400: {body}"})
-                    if resp.status >= 500:
-                        raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status,
-                                                          message=await resp.text())
-                    out = await resp.json()
+                result = await post_generate(session, url, req, rid, self.routed_experts_top_k)
+                if result.finish_reason == "error":  # HTTP 400: our request is bad, retrying elsewhere will not help
+                    return dataclasses.replace(result, weight_version=self._version)
                 self.served[url] += 1
-                return parse_output(req, out, self.routed_experts_top_k)
+                return result
             except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
                 self.failures += 1
                 tried.add(url)
@@ -168,16 +102,12 @@ class HttpEngine:
 
     # ---- control ------------------------------------------------------------------------
     def _post(self, url: str, route: str, payload: dict, timeout: float = 60.0) -> dict:
-        data = json.dumps(payload).encode()
-        request = urllib.request.Request(url + route, data=data, headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
-            text = resp.read().decode()
-        return json.loads(text) if text.startswith("{") else {}
+        return post(url, route, payload, timeout)
 
     def _post_quietly(self, url: str, route: str, payload: dict) -> None:
         try:
-            self._post(url, route, payload, timeout=5.0)
-        except (OSError, urllib.error.URLError) as e:
+            post(url, route, payload, timeout=5.0)
+        except OSError as e:  # URLError is an OSError
             log.warning("%s%s failed: %r", url, route, e)
 
     def update_weights(
@@ -203,15 +133,7 @@ class HttpEngine:
         return bool(self.healthy())
 
     def healthy(self) -> list[str]:
-        ok = []
-        for url in self.urls:
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=5.0) as resp:
-                    if resp.status == 200:
-                        ok.append(url)
-            except (OSError, urllib.error.URLError):
-                pass
-        return ok
+        return [url for url in self.urls if health(url, 5.0)]
 
     def sleep(self) -> None:
         for url in self.urls:

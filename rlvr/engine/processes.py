@@ -4,7 +4,7 @@ Local mode's engines when ``--rollout-num-engines`` > 1 or ``--use-fault-toleran
 (``rlvr.runtime.build.build_engine``): each engine is a ``python -m rlvr.entrypoints.cli serve`` process on a free port
 (the worktree's code: the process inherits this one's working directory and environment), its
 output in ``log_dir/engine<i>.log``. A request is one ``/generate`` POST in SGLang's wire format
-(``client.sglang_payload`` / ``parse_output``); health is ``/health``; weights are written once as
+(``rlvr.engine.sglang_http``); health is ``/health``; weights are written once as
 a safetensors directory and loaded by each engine with ``/update_weights_from_disk``. The policy
 (balance, health checks, restarts, re-issue) is ``rlvr.engine.supervisor.EngineSupervisor``'s.
 """
@@ -12,7 +12,6 @@ a safetensors directory and loaded by each engine with ``/update_weights_from_di
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import shutil
@@ -23,7 +22,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +32,9 @@ import torch
 from safetensors.torch import save_file
 
 from rlvr.engine.base import GenerateRequest, GenerateResult
-from rlvr.engine.client import parse_output, sglang_payload
+from rlvr.engine.sglang_http import health as _health
+from rlvr.engine.sglang_http import post as _post
+from rlvr.engine.sglang_http import post_generate
 from rlvr.engine.supervisor import STARTUP_TIMEOUT, EngineDown
 
 log = logging.getLogger(__name__)
@@ -154,19 +154,14 @@ class ServeProcesses:
         timeout = aiohttp.ClientTimeout(total=self.request_timeout)
         try:
             async with aiohttp.ClientSession(timeout=timeout) as session:
-                return [await self._post_generate(session, handle.url, req) for req in requests]
+                results = [await post_generate(session, handle.url, req, req.rid, self.routed_experts_top_k)
+                           for req in requests]
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             raise EngineDown(f"{handle.url}: {e!r}") from e
-
-    async def _post_generate(self, session: aiohttp.ClientSession, url: str, req: GenerateRequest) -> GenerateResult:
-        async with session.post(url + "/generate", json=sglang_payload(req, req.rid, bool(self.routed_experts_top_k))) as resp:
-            if resp.status == 400:
-                body = await resp.text()
-                log.error("engine %s refused request %s: %s", url, req.rid, body)
-                return GenerateResult(req.rid, [], [], "error", 0, {"error": f"{url}: HTTP 400: {body}"})
-            if resp.status >= 500:
-                raise ConnectionError(f"HTTP {resp.status}: {await resp.text()}")
-            return parse_output(req, await resp.json(), self.routed_experts_top_k)
+        for r in results:
+            if r.finish_reason == "error":
+                log.error("engine %s refused request %s: %s", handle.url, r.rid, r.meta.get("error"))
+        return results
 
     def abort(self, handle: ServeProcess, rid: str | None) -> None:
         try:
@@ -177,19 +172,3 @@ class ServeProcesses:
     def close(self) -> None:
         self._closed.set()
         shutil.rmtree(self.weights_dir, ignore_errors=True)
-
-
-def _health(url: str, timeout: float) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=timeout) as resp:
-            return resp.status == 200
-    except OSError:  # URLError, refused, reset, timed out
-        return False
-
-
-def _post(url: str, route: str, payload: dict, timeout: float) -> dict:
-    request = urllib.request.Request(url + route, data=json.dumps(payload).encode(),
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=timeout) as resp:
-        text = resp.read().decode()
-    return json.loads(text) if text.startswith("{") else {}

@@ -43,7 +43,7 @@ from safetensors.torch import load_file
 
 from rlvr.engine.base import GenerateRequest, GenerateResult, SamplingParams
 from rlvr.engine.chat import openai_tool_call, split_tool_calls, template_message
-from rlvr.engine.client import encode_routed_experts
+from rlvr.engine.sglang_http import encode_routed_experts
 from rlvr.engine.embedded import EmbeddedEngine
 
 log = logging.getLogger(__name__)
