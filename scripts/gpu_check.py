@@ -1,4 +1,4 @@
-"""The GPU check (issue 16 item 7): one command, one GPU, a few minutes, JSON lines out.
+"""The GPU check: one command, one GPU, a few minutes, JSON lines out.
 
     python scripts/gpu_check.py [--skip-demo] [--demo-timeout 200] [--out gpu_check.jsonl]
 
@@ -21,7 +21,10 @@ and each contained (a failure is reported and the next step runs):
    * trainer vs engine log-prob difference in bf16 (mean and max |diff| over the sampled tokens),
      with the TIS weights the difference implies (mean, and the share clipped at --tis-clip 2).
 
-Nothing here has run on a GPU yet (README, docs/scaling.md); the numbers go there once it has.
+``--smoke-cpu`` runs step 3's code on CPU with a small model (no GPU numbers): ``make test`` runs
+it (tests/test_gpu_check.py), so the script cannot break unnoticed between GPU sessions.
+
+Nothing here has run on a GPU yet (docs/scaling.md); the numbers go there once it has.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 QWEN25_05B = dict(hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14, num_kv_heads=2,
                   max_position_embeddings=2048)
 N_PROMPTS, N_SAMPLES = 64, 8  # benchmarks/rollout_throughput.py's workload
+MAX_LEN = 256  # the longest response budget of that workload
 RESULTS: list[dict] = []
 DEVICE = "cuda"  # --smoke-cpu: the same code on CPU with a small model (a check of this script, not of a GPU)
 
@@ -123,7 +127,7 @@ def rollout_bench(ckpt: str) -> dict:
 
     tok = AutoTokenizer.from_pretrained(ckpt)
     model = load_policy(ckpt, bf16=True, device=DEVICE)
-    prompts, lens = arith_prompts(tok), budgets(N_PROMPTS * N_SAMPLES)
+    prompts, lens = arith_prompts(tok), budgets(N_PROMPTS * N_SAMPLES, max_len=MAX_LEN)
     engine = EmbeddedEngine(model, pad_token_id=tok.pad_token_id, seed=0, max_batch_size=512)
 
     def run_engine() -> float:
@@ -270,7 +274,7 @@ def main() -> int:
     if a.smoke_cpu:
         DEVICE, a.skip_tests, a.skip_demo = "cpu", True, True
         QWEN25_05B = dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=1)
-        globals().update(N_PROMPTS=4)
+        globals().update(N_PROMPTS=4, MAX_LEN=32)
     elif not torch.cuda.is_available():
         print("gpu_check: no CUDA device here; nothing to check (the CPU suite is `make test`)", file=sys.stderr)
         return 2

@@ -19,7 +19,7 @@ def pytest_collection_modifyitems(config, items):
 
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="needs CUDA (pytest -m gpu on a GPU machine; scripts/gpu_check.py)")
+    skip = pytest.mark.skip(reason="no CUDA device (pytest -m gpu on a GPU machine; scripts/gpu_check.py)")
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
