@@ -257,7 +257,8 @@ class RunConfig:
         None, "set --num-rollout to NUM_EPOCH x prompts in --prompt-data // --rollout-batch-size (ignored when "
               "--num-rollout is given, as in slime)", ge=1)
     # -- checkpoints and resume
-    load: str | None = _f(None, "resume from the newest checkpoint in this directory (none there yet: start fresh)")
+    load: str | None = _f(None, "resume from the newest checkpoint in this directory (none there yet: start fresh), "
+                                "or from this rollout_* checkpoint directory")
     keep_last_k: int | None = _f(None, "keep only the newest K checkpoints under --save; default keep all", ge=1)
     save_hf: str | None = _f(None, "also write a plain HF checkpoint here at the end ({rollout_id}: at every save)")
     # -- debug replay (slime's flags)

@@ -1,5 +1,6 @@
 """Flags and YAML files to a ``Config``: the argparse parser generated from the fields, the YAML
-reader (flat or grouped by section, hyphens or underscores) and the type checks of its values.
+reader (flat or grouped by section, hyphens or underscores; or seed 003's nested slime schema,
+``rlvr.compat.slime.seed_config``) and the type checks of its values.
 
 Each field of each group is a flag (``--`` + name with hyphens; its help from the field); a YAML
 file given by ``--config`` holds the same names, and flags given on the command line override
@@ -14,16 +15,21 @@ import argparse
 import difflib
 import types
 import typing
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from rlvr.compat.slime import flags as slime_flags
+from rlvr.compat.slime import seed_config
 from rlvr.config.fields import Names, flag_of, help_of, static_choices
 from rlvr.config.root import ALIASES, FIELDS, GROUPS, Config
 from rlvr.core.errors import ConfigError
+
+
+# Every field's default, flat: what the seed schema's derived sizes fall back on.
+DEFAULTS = {n: f.default if f.default is not MISSING else f.default_factory() for n, (_, f) in FIELDS.items()}
 
 
 def _annotation(tp: Any) -> Any:
@@ -77,7 +83,10 @@ def add_config_arguments(parser: argparse.ArgumentParser, names: Names | None = 
             section.add_argument(f.metadata.get("flag", flag_of(f.name)), **kwargs)
 
 
-def _read_yaml(path: str) -> dict[str, Any]:
+def _read_yaml(path: str, given: dict[str, Any]) -> dict[str, tuple[Any, str]]:
+    """``{field: (value, where it was read)}`` from a YAML file: rlvr's fields (flat or grouped),
+    or seed 003's nested schema (``rlvr.compat.slime.seed_config``) with rlvr fields beside it.
+    ``given`` (the fields the command line sets) is what the seed's derived sizes need."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError("--config", f"file not found: {path}")
@@ -87,6 +96,18 @@ def _read_yaml(path: str) -> dict[str, Any]:
         raise ConfigError("--config", f"{path} is not valid YAML: {e}") from None
     if not isinstance(raw, dict):
         raise ConfigError("--config", f"{path} must hold a mapping of field: value")
+    if not seed_config.is_seed_schema(raw):
+        return {name: (v, path) for name, v in _read_fields(raw, path).items()}
+    seed = seed_config.read({k: v for k, v in raw.items() if k in seed_config.SEED_GROUPS}, path, given, DEFAULTS)
+    flat = _read_fields({k: v for k, v in raw.items() if k not in seed_config.SEED_GROUPS}, path)
+    if both := sorted(flat.keys() & seed.values.keys()):
+        raise ConfigError("--config", f"{path}: {both[0]!r} is set twice, by {seed.origin[both[0]]} and by its own "
+                                      "key; keep one")
+    return {n: (v, f"{path}: {seed.origin[n]}") for n, v in seed.values.items()} | {n: (v, path) for n, v in flat.items()}
+
+
+def _read_fields(raw: dict[str, Any], path: str) -> dict[str, Any]:
+    """rlvr's own fields, flat (``eps-clip: 0.2``) or under their group (``algo: {eps_clip: 0.2}``)."""
     flat: dict[str, Any] = {}
     for key, value in raw.items():
         if key in GROUPS and isinstance(value, dict):  # grouped form: algo: {eps_clip: 0.2}
@@ -140,11 +161,12 @@ def build_config(values: dict[str, Any]) -> Config:
 def given_values(ns: argparse.Namespace) -> dict[str, Any]:
     """Flat ``{field: value}`` of what was given: YAML (``--config``) < flags, slime's own flags
     (``rlvr.compat.slime.flags``) mapped onto rlvr's fields; unset fields are absent."""
+    given = {k: v for k, v in vars(ns).items() if k in FIELDS}
     values: dict[str, Any] = {}
     if getattr(ns, "config", None):
-        for name, v in _read_yaml(ns.config).items():
-            values[name] = _coerce(name, v, ns.config)
-    values.update({k: v for k, v in vars(ns).items() if k in FIELDS})
+        for name, (v, source) in _read_yaml(ns.config, given).items():
+            values[name] = _coerce(name, v, source)
+    values.update(given)
     for name, text in slime_flags.apply(ns, values).items():  # slime-only flags (docs/slime_flags.md)
         tp = _base_type(FIELDS[name][1].type)[0]
         try:

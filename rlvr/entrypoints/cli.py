@@ -80,16 +80,19 @@ def _export(argv: list[str]) -> None:
 
     p = argparse.ArgumentParser(prog="rlvr export", description="write a plain Hugging Face checkpoint "
                                 "(model + tokenizer, no optimizer) from a training checkpoint")
-    p.add_argument("checkpoint", help="a rollout_* checkpoint, or a --save directory (its newest checkpoint)")
+    p.add_argument("checkpoint", help="a rollout_* checkpoint (rollout_000004 or rollout_4), or a --save directory "
+                                      "(its newest checkpoint)")
     p.add_argument("out_dir")
     p.add_argument("--adapter-only", action="store_true",
                    help="LoRA runs: write the adapter alone (PEFT's files) instead of the merged model")
     a = p.parse_args(argv)
     src = Path(a.checkpoint)
     if not ((src / "config.json").is_file() or (src / "adapter_config.json").is_file()):
-        src = find_checkpoint(src) if src.is_dir() else None
+        src = find_checkpoint(src, flag="checkpoint")  # rollout_N, or the newest under a --save directory
         if src is None:
-            raise ConfigError("checkpoint", f"{a.checkpoint} is neither a checkpoint nor a --save directory with one")
+            raise ConfigError("checkpoint", f"{a.checkpoint} is neither a checkpoint nor a --save directory with one "
+                                            "(rlvr's checkpoints are Hugging Face format; a Megatron torch_dist "
+                                            "checkpoint must be converted to Hugging Face format first)")
     print(export_hf(src, a.out_dir, adapter_only=a.adapter_only))
 
 

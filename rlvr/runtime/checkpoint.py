@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from rlvr.core.errors import ConfigError
 from rlvr.core.testing import crash_point
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 RUN_STATE_FILE = "run_state.pt"
 _NAME = re.compile(r"^rollout_(\d{6,})$")
+_ANY_NAME = re.compile(r"^rollout_(\d+)$")  # slime's seed 003 writes rollout_100 for rollout_000100
 
 
 def checkpoint_name(rollout_id: int) -> str:
@@ -124,23 +126,30 @@ def read_latest(load_dir: str | Path) -> int | None:
         return None
     text = pointer.read_text().strip()
     if not text.isdigit():
-        from rlvr.core.errors import ConfigError
-
         raise ConfigError("--load", f"{pointer} should hold a rollout number, got {text!r}")
     return int(text)
 
 
-def find_checkpoint(load_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint under ``load_dir``; None when the directory has none yet
-    (slime's behaviour: the same command line starts a run and restarts it)."""
+def find_checkpoint(load_dir: str | Path, flag: str = "--load") -> Path | None:
+    """The checkpoint ``--load`` names: ``load_dir`` itself when it is one (``rollout_000004``, or
+    ``rollout_4`` as slime's seed 003 writes it), else the newest complete checkpoint under it;
+    None when the directory has none yet (slime's behaviour: the same command line starts a run
+    and restarts it). Errors name ``flag``."""
+    load_dir = Path(load_dir)
+    if (load_dir / RUN_STATE_FILE).is_file():
+        return load_dir
+    if (m := _ANY_NAME.match(load_dir.name)) and not (load_dir / LATEST_FILE).is_file():
+        path = load_dir.with_name(checkpoint_name(int(m.group(1))))
+        if not (path / RUN_STATE_FILE).is_file():
+            raise ConfigError(flag, f"{load_dir} is not a complete checkpoint (no {path / RUN_STATE_FILE}); give "
+                                        "a rollout_* directory that has one, or the --save directory (its newest)")
+        return path
     rollout_id = read_latest(load_dir)
     if rollout_id is None:
         return None
-    path = Path(load_dir) / checkpoint_name(rollout_id)
+    path = load_dir / checkpoint_name(rollout_id)
     if not (path / RUN_STATE_FILE).is_file():
-        from rlvr.core.errors import ConfigError
-
-        raise ConfigError("--load", f"{Path(load_dir) / LATEST_FILE} names {path.name}, which is missing or "
+        raise ConfigError(flag, f"{load_dir / LATEST_FILE} names {path.name}, which is missing or "
                                     "incomplete; point the file at a complete rollout_* directory")
     return path
 

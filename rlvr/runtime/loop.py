@@ -146,7 +146,8 @@ class Step:
 
 
 def resume_point(cfg: Config) -> tuple[Path | None, dict | None]:
-    """The checkpoint ``--load`` names (its newest complete one) and its run state, or (None, None)."""
+    """The checkpoint ``--load`` names (a rollout_* directory, or the newest complete one under a
+    --save directory) and its run state, or (None, None)."""
     if cfg.run.load is None:
         return None, None
     ckpt = find_checkpoint(cfg.run.load)
