@@ -1,7 +1,7 @@
 """Sync vs fully-async training on the demo, with a long tail of response lengths.
 
 The demo's arithmetic task has no long tail (the SFT model answers "95<eos>" in 3 tokens), and a
-tail is what async training is for (seed 003 §3.2: the trainer no longer waits for the slowest
+tail is what async training is for (the trainer no longer waits for the slowest
 response). So this benchmark adds one: a *repeat* variant of the task. A prompt ``"37+58=#k"``
 asks for the answer written ``k`` times (``"9595..."``, 2k tokens); 85% of prompts are plain
 (``k = 1``, written ``"37+58="``), the rest draw ``k`` uniformly in [6, 30] (12-60 tokens), so a

@@ -4,7 +4,7 @@ Starts a local Ray cluster with 2 DDP training ranks and 2 embedded engines (dis
 then times ``rollout.update_weights(trainer.weights(), version)`` -- exactly what the loop times
 as ``perf/update_weights_time`` -- with and without ``--check-weight-update-equal`` (which also
 checksums both ends and compares). Prints the median of ``--repeats`` syncs and the bytes one
-sync moves. ``--lora-rank R`` trains LoRA adapters (issue 18): only they are synced; run it with
+sync moves. ``--lora-rank R`` trains LoRA adapters: only they are synced; run it with
 and without to compare.
 
     .venv/bin/python benchmarks/weight_sync.py [--model 20m] [--engines 2] [--repeats 5] [--lora-rank 16]

@@ -1,4 +1,4 @@
-"""slime-style hooks through the CLI (issue 17): a custom generate function written here, not in
+"""slime-style hooks through the CLI: a custom generate function written here, not in
 the package, trains 2 rollouts in sync, ``--async`` and ``--ray`` modes; a rollout function too.
 
 The functions below are what a slime user writes, with ``slime.*`` imports swapped for

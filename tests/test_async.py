@@ -1,4 +1,4 @@
-"""Fully asynchronous training (issue 9): the staleness bound, on-policy at K=0, the behaviour
+"""Fully asynchronous training: the staleness bound, on-policy at K=0, the behaviour
 log-probs of stale samples, and the config rules. Real engine, real trainer, tiny model."""
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ LORA = ["--lora-rank", "4", "--lora-alpha", "8", "--lr", "1e-2", "--use-kl-loss"
 @pytest.mark.slow
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_max_staleness_0_is_exactly_on_policy(tiny_qwen2, arith_files, tmp_path, lora):
-    """With LoRA (issue 18) the engine gets only the adapters after each step; on-policy its
+    """With LoRA the engine gets only the adapters after each step; on-policy its
     log-probs still equal the trainer's while the adapter has moved the policy off the base."""
     cfg = parse_config(_args(tiny_qwen2, arith_files, tmp_path / "run", "--async", "--max-staleness", "0",
                              "--rollout-concurrency", "8", *(LORA if lora else [])))

@@ -1,4 +1,4 @@
-"""Devices on this CPU-only machine (issue 16): what ``--device`` resolves to, slime's GPU launch
+"""Devices on this CPU-only machine: what ``--device`` resolves to, slime's GPU launch
 flags parsed as written and refused at start for lack of GPUs, every combination that cannot work
 refused with its flag, the engine's KV budget (``--sglang-mem-fraction-static``), and the local
 loop through the device code with ``--device cpu --colocate --offload-train``."""

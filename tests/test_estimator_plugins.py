@@ -1,6 +1,6 @@
 """Estimators are records with traits (rlvr.algo.register_estimator): the traits, not name checks,
 decide validation and the trainer; a user's estimator registered from outside the package trains
-through the CLI (issue 14, item 2)."""
+through the CLI."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fault tolerance (issue 9): real ``rlvr serve`` processes on 127.0.0.1, killed (SIGKILL) and
+"""Fault tolerance: real ``rlvr serve`` processes on 127.0.0.1, killed (SIGKILL) and
 hung (SIGSTOP) for real; the run goes on, nothing is lost or trained twice."""
 
 from __future__ import annotations

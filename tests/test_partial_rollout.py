@@ -1,4 +1,4 @@
-"""Abort at the end of a rollout, the partial-rollout buffer, and off-policy masking (issue 5)."""
+"""Abort at the end of a rollout, the partial-rollout buffer, and off-policy masking."""
 
 from __future__ import annotations
 

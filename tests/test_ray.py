@@ -161,7 +161,7 @@ def test_lora_colocated_adapter_sync_resume_and_exact_gradients(ray_cluster, tin
 def test_colocated_engines_sleep_while_training_and_restart(ray_cluster, tiny_qwen2, arith_files, small_eval, tmp_path):
     """Driven through the components the loop uses: engines are asleep (no weights) once a
     rollout is sampled, awake with the trainer's exact weights after the sync; an engine
-    re-created by ``restart_engine`` (issue 9's seam) gets the current weights and samples."""
+    re-created by ``restart_engine`` (the seam) gets the current weights and samples."""
     from rlvr.runtime.loop import build
 
     cfg = parse_config(ray_args(tiny_qwen2, arith_files[0], small_eval, tmp_path / "run") + ["--colocate"])

@@ -1,4 +1,4 @@
-"""Fault tolerance under Ray (issue 9, ``--ray --use-fault-tolerance``) on a real local Ray
+"""Fault tolerance under Ray (``--ray --use-fault-tolerance``) on a real local Ray
 cluster (one per module): engine actor processes are killed (SIGKILL) and hung (SIGSTOP) for
 real; the run goes on, nothing is lost or trained twice. Mirrors tests/test_fault_tolerance.py."""
 

@@ -1,4 +1,4 @@
-"""R3, rollout routing replay (seed 002): the engine records the experts, the trainer replays them."""
+"""R3, rollout routing replay: the engine records the experts, the trainer replays them."""
 
 import json
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Score centering (seed 002 "SC") wired: engine head, loss with TIS, config rules, a CLI run."""
+"""Score centering wired: engine head, loss with TIS, config rules, a CLI run."""
 
 import json
 

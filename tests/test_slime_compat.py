@@ -1,4 +1,4 @@
-"""slime's launch script parses (seed 000 appendix A) and the flag policy holds (issue 20.5)."""
+"""slime's launch script parses and the flag policy holds."""
 
 import dataclasses
 import json
@@ -14,7 +14,7 @@ from rlvr.config.cluster import ClusterConfig
 from rlvr.core.errors import ConfigError
 from tests.conftest import write_lines
 
-# GPU placement flags: config fields (issue 16, docs/scaling.md); one not defined yet is left out.
+# GPU placement flags: config fields (docs/scaling.md); one not defined yet is left out.
 PLACEMENT = {"actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus_per_engine", "colocate",
              "sglang_mem_fraction_static", "rollout_num_gpus"}
 

@@ -1,4 +1,4 @@
-"""slime-signature plugins run under rlvr as written (issue 20.6), and the metrics slime users read (20.7)."""
+"""slime-signature plugins run under rlvr as written, and the metrics slime users read."""
 
 import json
 import os
@@ -178,7 +178,7 @@ def test_two_rollout_cli_run_with_slime_plugins_and_slime_metrics(tiny_qwen2, tm
     rollouts = [x for x in records if "rollout/step" in x]
     assert [x["rollout/step"] for x in rollouts] == [0, 1]  # --num-epoch 1: 4 prompts / 2 per rollout
     for m in rollouts:
-        # slime's per-rollout means (seed 000 §2.7, kind 4), logged with the rollout
+        # slime's per-rollout means (kind 4), logged with the rollout
         for key in ("rollout/log_probs", "rollout/ref_log_probs", "rollout/rollout_log_probs", "rollout/advantages",
                     "rollout/returns", "rollout/rewards", "rollout/response_lengths", "rollout/truncated",
                     "passrate/pass@1", "passrate/pass@4"):

@@ -3,7 +3,7 @@
 Contract: ``actor_loss(...) -> (loss [B, T], metrics)``, every metric a per-token [B, T] tensor;
 the caller aggregates loss and metrics with one mask and the global batch's normaliser
 (``aggregate_loss``), so nothing here masks or reduces. The composition follows slime's
-``policy_loss_function`` (seed 000 §2.5, seed 002):
+``policy_loss_function``:
 
     pg_loss = POLICY_LOSSES[policy_loss_name(cfg)](p_theta, p0, A)     (ppo, gspo, cispo, reinforce)
     pg_loss = apply_corrections(pg_loss, ...)                           (OPSM, then TIS / ICE-POP)
@@ -58,7 +58,7 @@ def actor_loss(
         pg_loss, metrics = score_centering_policy_loss(log_probs, rollout_log_probs, head, advantages, cfg)
     else:
         pg_loss, metrics = POLICY_LOSSES[policy_loss_name(cfg)](log_probs, old_log_probs, advantages, loss_mask, cfg)
-    if (cfg.use_tis or cfg.use_opsm) and not cfg.use_score_centering:  # train-inference corrections (seed 002): p0 / q weights, OPSM
+    if (cfg.use_tis or cfg.use_opsm) and not cfg.use_score_centering:  # train-inference corrections: p0 / q weights, OPSM
         pg_loss, extra = apply_corrections(pg_loss, log_probs, old_log_probs, rollout_log_probs, advantages,
                                            loss_mask, cfg)
         metrics |= extra

@@ -7,7 +7,7 @@ critic, its default policy loss, the side inputs it needs), float32, zero outsid
 estimators. Rows are right-padded; samples of one prompt are consecutive (``n_samples_per_prompt``
 of them). ``--normalize-advantages`` is *not* applied here: the trainer applies ``masked_whiten``
 after the estimator (slime ``compute_advantages_and_returns``), except for REINFORCE++ whose
-batch whitening is part of the algorithm and so lives in its estimator (STYLE point 3).
+batch whitening is part of the algorithm and so lives in its estimator.
 
 Simplifications against slime, all documented where they happen:
 
@@ -282,7 +282,7 @@ def reinforce_pp_baseline_advantages(inp: AdvantageInputs, cfg: AlgoConfig) -> t
 @register_estimator("ppo", needs_critic=True)
 def ppo_advantages(inp: AdvantageInputs, cfg: AlgoConfig) -> tuple[Tensor, Tensor]:
     """PPO (Schulman et al. 2017) with GAE: token rewards ``-kl_coef * kl``, the reward added on the
-    last response token (seed 000 §2.5), then ``gae`` with the critic's values.
+    last response token, then ``gae`` with the critic's values.
 
     Rewards and values are zeroed after the last masked token so the episode ends there.
     """
@@ -294,7 +294,7 @@ def ppo_advantages(inp: AdvantageInputs, cfg: AlgoConfig) -> tuple[Tensor, Tenso
     return gae(token_rewards, inp.values.float() * extent, cfg.gamma, cfg.lambd)
 
 
-# DCPO's train_metadata keys (seed 000 part 3).
+# DCPO's train_metadata keys.
 DCPO_CONFIDENCE = "dcpo_confidence"  # [B] stated confidence in [0, 1] (0 when none was given)
 DCPO_CONFIDENCE_MASK = "dcpo_confidence_mask"  # [B, T] 1 on the confidence-span tokens
 
@@ -304,7 +304,7 @@ DCPO_CONFIDENCE_MASK = "dcpo_confidence_mask"  # [B, T] 1 on the confidence-span
     side_inputs_hint="add --rm-type math_confidence --custom-reward-post-process-path dcpo (per-sample confidences)",
 )
 def dcpo_advantages(inp: AdvantageInputs, cfg: AlgoConfig) -> tuple[Tensor, Tensor]:
-    """DCPO (Decoupled Calibration Policy Optimization, arXiv:2603.09117; seed 000 §3.2).
+    """DCPO (Decoupled Calibration Policy Optimization, arXiv:2603.09117).
 
     Inputs: ``inp.rewards`` [B] is the accuracy reward; ``train_metadata`` holds
     ``dcpo_confidence`` [B] and ``dcpo_confidence_mask`` [B, T].

@@ -2,7 +2,7 @@
 
 Contract: a per-token quantity ``x [B, T]`` with a loss mask ``mask [B, T]`` (1 on trained response
 tokens, rows right-padded) is reduced to a scalar whose *sum over micro-batches* equals the value
-the whole global batch would give in one piece (DESIGN "Batch sizes"; seed 000 §2.6.4). For that,
+the whole global batch would give in one piece (DESIGN "Batch sizes"). For that,
 the normaliser is a property of the global batch, passed in as ``denominator``:
 
 * per-sample mode (slime's default): ``sum_i mean_t(x_i) / n_samples_in_global_batch`` — each

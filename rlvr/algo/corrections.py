@@ -1,16 +1,16 @@
 """Train–inference and off-policy corrections applied to a per-token policy loss.
 
-Three policies are kept apart (seed 002): q = the engine that sampled the tokens (``rollout_log_probs``),
+Three policies are kept apart: q = the engine that sampled the tokens (``rollout_log_probs``),
 p0 = the trainer's policy before this update (``old_log_probs``), p_theta = the policy being trained
 (``log_probs``). PPO's ratio is p_theta / p0 (policy_loss.py); the corrections here use p0 / q.
 
 * TIS (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training"):
   multiply the loss by ``sg(clip(rho, low, high))``, ``rho = p0 / q``. Biased when clipping binds.
 * ICE-POP (Ling team 2025, "Every Step Evolves"): keep ``rho`` inside ``[low, high]``, zero outside;
-  no renormalisation by the kept tokens (seed 002).
+  no renormalisation by the kept tokens.
 * OPSM (off-policy sequence masking, DeepSeek-V3.2): drop negative-advantage tokens of sequences
   whose mean ``log p0 - log p_theta`` exceeds ``--opsm-delta``.
-* Score centering (seed 002 "SC"): ``score_centering_loss``, an alternative REINFORCE loss that
+* Score centering: ``score_centering_loss``, an alternative REINFORCE loss that
   needs the sampler's top-k head probabilities; see its docstring for the exact derivation used.
 
 ``apply_corrections`` composes OPSM then TIS/ICE-POP/custom in slime's order (policy_loss_function).
@@ -113,7 +113,7 @@ def apply_corrections(
     Returns the corrected per-token loss (rejected tokens already zeroed, so the caller aggregates
     with the *original* ``loss_mask`` and normaliser, as slime) and per-token metrics:
     ``opsm_clipfrac`` (with ``--use-opsm``), ``tis``, ``tis_clipfrac``, ``tis_abs`` (with ``--use-tis``).
-    The TIS numerator is p0, except for the REINFORCE loss whose numerator is sg(p_theta) (seed 002).
+    The TIS numerator is p0, except for the REINFORCE loss whose numerator is sg(p_theta).
     """
     from rlvr.algo.policy_loss import POLICY_LOSSES, policy_loss_name  # local: policy_loss imports nothing from here
 
@@ -150,7 +150,7 @@ def score_centering_loss(
     head_mask: Tensor | None = None,
     eps: float = 1e-6,
 ) -> Tensor:
-    """Score-centred REINFORCE loss with a top-k head and reconstructed tail (seed 002, "SC").
+    """Score-centred REINFORCE loss with a top-k head and reconstructed tail ("SC").
 
     With ``w_v = f(sg(p_v) / q_v)`` and the sampler's head H (top-k tokens, probabilities *not*
     renormalised), ``P_H = sum_H p``, ``Q_H = sum_H q``, ``alpha = (1 - Q_H) / (1 - P_H)``, the tail is
@@ -166,7 +166,7 @@ def score_centering_loss(
         head_rollout_log_probs [B, T, K]: log q of the same head tokens.
         advantages [B, T]; weight_fn: f, e.g. ``torch.ones_like`` or a TIS clamp.
         head_mask [B, T, K]: 1 on real head entries (pad rows with 0).
-    Returns: per-token loss [B, T] (unmasked). Use with the REINFORCE loss only (seed 002).
+    Returns: per-token loss [B, T] (unmasked). Use with the REINFORCE loss only.
     """
     p_head = head_log_probs.detach().exp()
     q_head = head_rollout_log_probs.exp()

@@ -3,7 +3,7 @@ Divergence", http://joschu.net/blog/kl-approx.html).
 
 Contract: every estimator maps ``(log_probs [B, T], ref_log_probs [B, T]) -> kl [B, T]``, token by
 token, with no masking (the caller aggregates with its loss mask). Names and semantics follow
-slime's ``--kl-loss-type`` (seed 000 §2.5; seed 003 §4.5):
+slime's ``--kl-loss-type``:
 
 * ``k1``: ``log p - log p_ref`` — unbiased for KL(p || p_ref) under samples from p, high variance,
   can be negative.
@@ -12,7 +12,7 @@ slime's ``--kl-loss-type`` (seed 000 §2.5; seed 003 §4.5):
 * ``low_var_kl``: k3 clamped to ``[-10, 10]`` for numerical safety. slime clamps *only* this name,
   and clamps *after* the optional importance ratio is applied; we do the same.
 
-``token_level_kl`` (seed 003 §4.5) is exact, not an estimate: ``sum_v p(v) (log p(v) - log p_ref(v))``
+``token_level_kl`` is exact, not an estimate: ``sum_v p(v) (log p(v) - log p_ref(v))``
 over the whole vocabulary at each position (``exact_kl`` below). It needs both full distributions,
 which a ``(log p, log p_ref)`` pair of the sampled token does not carry, so it is not in the
 registry; the trainer computes it inside its chunked output layer (``rlvr.train.token_kl``) and

@@ -5,7 +5,7 @@ Contract: every entry of ``POLICY_LOSSES`` is
 -> (pg_loss [B, T], metrics)``, where ``metrics`` maps names to per-token [B, T] tensors (at least
 ``pg_clipfrac`` and ``ppo_kl``) that the caller aggregates with the same mask and normaliser as the
 loss (``aggregate_loss``). ``log_probs`` carries the gradient; ``old_log_probs`` (p0, the trainer's
-policy before this update; seed 002) does not. Nothing here masks: the aggregation does.
+policy before this update) does not. Nothing here masks: the aggregation does.
 
 ``ppo_kl = old_log_probs - log_probs`` throughout, so ``ratio = exp(-ppo_kl) = p_theta / p0`` (slime).
 """
@@ -34,7 +34,7 @@ class PolicyLoss:
     its function: ``POLICY_LOSSES["ppo"](log_probs, old_log_probs, advantages, loss_mask, cfg)``."""
 
     fn: PolicyLossFn
-    # TIS weight numerator (seed 002): p0 for ratio-based losses; sg(p_theta) for a loss without
+    # TIS weight numerator: p0 for ratio-based losses; sg(p_theta) for a loss without
     # an importance ratio (REINFORCE), whose gradient is taken at p_theta itself.
     tis_numerator: str = "old"  # "old" (p0) or "current" (sg(p_theta))
 

@@ -1,4 +1,4 @@
-"""Score centering wired as the actor's policy loss (seed 002 "SC", slime's ``--use-score-centering``).
+"""Score centering wired as the actor's policy loss (slime's ``--use-score-centering``).
 
 The loss itself is ``corrections.score_centering_loss`` (derivation in its docstring): a REINFORCE
 loss whose per-token score is centred by its mean under the sampler q, ``mu_w = sum_v q_v w_v s_v``,
@@ -8,7 +8,7 @@ over the full vocabulary, not renormalised on H). Here it gets its inputs and it
 * the head: ``Sample.rollout_topk_token_ids`` / ``rollout_topk_log_probs`` (q of the head tokens,
   returned by the engine with every sampled token, ``--score-centering-top-k`` of them), and the
   trainer's log-probs of the same tokens (differentiable), as a ``SamplerHead``;
-* the weight ``w = f(sg(p_theta) / q)`` (seed 002: REINFORCE, SC included, takes the stop-gradient
+* the weight ``w = f(sg(p_theta) / q)`` (REINFORCE, SC included, takes the stop-gradient
   current policy as the numerator, not p0): ``f = 1`` alone, TIS's clamp or ICE-POP's mask with
   ``--use-tis`` (``--tis-mode``, ``--tis-clip-low``, ``--tis-clip``), applied to the sampled token,
   the head tokens and the tail alike.

@@ -1,4 +1,4 @@
-"""``AlgoConfig``: the algorithm part of the typed config (STYLE point 5).
+"""``AlgoConfig``: the algorithm part of the typed config.
 
 Field names are slime's flag names with underscores; the CLI flag is ``"--" + name.replace("_", "-")``.
 Each field has ``metadata["help"]`` (one line), ``metadata["choices"]`` when finite and its numeric
@@ -97,7 +97,7 @@ class AlgoConfig:
         return self
 
     def _check_score_centering(self) -> None:
-        """SC is its own REINFORCE loss (seed 002): no PPO/GSPO/CISPO clipping; TIS/ICE-POP weights
+        """SC is its own REINFORCE loss: no PPO/GSPO/CISPO clipping; TIS/ICE-POP weights
         combine with it as f(p / q), a custom TIS function or OPSM does not. (The estimator's own
         loss is checked by ``rlvr.runtime.configure``: the estimators are registered above.)"""
         if self.pg_loss_type not in (None, "reinforce"):  # None: SC trains with reinforce (policy_loss_name)

@@ -1,13 +1,13 @@
 """``ClusterConfig``: where the run's processes go (the ``cluster`` group of the typed config).
 
 Local mode (the default) runs everything in one process. ``--ray`` places the same loop's two
-sides on Ray (seed 003 §2): a training group of ``train_world_size`` ranks and ``num_engines``
+sides on Ray: a training group of ``train_world_size`` ranks and ``num_engines``
 rollout engines, in one placement group, disaggregated (one bundle each) or ``--colocate``d
 (engines time-share the training ranks' bundles). Flag names are slime's where slime has them;
 ``--actor-num-cpu-workers-per-node`` and ``--rollout-num-engines`` (``EngineConfig``) are the
 CPU-cluster equivalents of the GPU counts.
 
-Devices (issue 16). Local mode computes on ``--device`` (``auto``: CUDA when available;
+Devices. Local mode computes on ``--device`` (``auto``: CUDA when available;
 ``rlvr.core.device``); ``--colocate`` in local mode time-shares that one device between the trainer
 and the embedded engine (``rlvr.runtime.colocate``). slime always runs on Ray, so its GPU counts
 (``--actor-num-gpus-per-node``, ``--rollout-num-gpus``) *imply* ``--ray``: a slime command line

@@ -1,4 +1,4 @@
-"""How a config field is declared: a default, a one-line help, and its bounds (STYLE point 5).
+"""How a config field is declared: a default, a one-line help, and its bounds.
 
 The CLI flag of a field is derived from its name (``flag_of``); ``rlvr.config`` turns every field
 of every group into a flag, so this is the one schema. Bounds are declared on the field, not

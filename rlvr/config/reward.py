@@ -1,4 +1,4 @@
-"""``RewardConfig``: the reward part of the typed config (STYLE point 5).
+"""``RewardConfig``: the reward part of the typed config.
 
 The grader (``rlvr.rewards.grader``) and the configurable built-in rewards (``code``,
 ``remote_rm``, ``judge``) receive this group and nothing else.

@@ -1,7 +1,7 @@
-"""The core types every role speaks: ``Sample`` and ``RolloutBatch`` (STYLE point 8).
+"""The core types every role speaks: ``Sample`` and ``RolloutBatch``.
 
 A ``Sample`` is one prompt + one response with everything the trainer needs from the rollout
-side: token ids, the behaviour policy's log-probs (q, seed 002), the loss mask, the reward and
+side: token ids, the behaviour policy's log-probs (q), the loss mask, the reward and
 the status. A ``RolloutBatch`` is the flat list of one rollout's samples, grouped by prompt
 (``n_samples_per_prompt`` consecutive samples share a prompt), and can be saved and loaded.
 """
@@ -61,7 +61,7 @@ class Sample:
 
     def append_segment(self, token_ids: list[int], *, trainable: bool, log_probs: list[float] | None = None,
                        weight_versions: list[int] | None = None, text: str | None = None) -> Sample:
-        """Append one segment of a multi-turn response and check the invariants (issue 17).
+        """Append one segment of a multi-turn response and check the invariants.
 
         A model segment (``trainable=True``) carries the engine's ``log_probs`` (and per-token
         ``weight_versions``) and gets loss mask 1; an environment / tool segment gets loss mask 0,

@@ -134,7 +134,7 @@ class DataSource:
     same order; the state is a plain dict, so more keys (e.g. a ``buffer`` of partial samples to
     continue) can be added next to them.
 
-    The buffer (slime's ``RolloutDataSourceWithBuffer``, seed 000 §2.3.2) holds groups of
+    The buffer (slime's ``RolloutDataSourceWithBuffer``) holds groups of
     partially generated samples that a rollout aborted with ``--partial-rollout``; the next
     rollout takes them first (``take_partial``) and continues them. The buffer is part of
     ``state_dict``, so a resumed run continues the same partial samples.

@@ -2,7 +2,7 @@
 
 The other way (``object_store``, ``rlvr.distributed.weight_sync``) puts rank 0's weights in Ray's
 object store, which on one node is shared memory and across nodes a copy per reading node. This
-one is slime's disaggregated path (seed 003: weights streamed to the engines after each step):
+one is slime's disaggregated path (weights streamed to the engines after each step):
 rank 0 and the M engine actors form a process group of their own (rank 0 = training rank 0,
 rank 1 + i = engine i; NCCL between GPUs, gloo on CPU, ``rlvr.core.device.process_group_backend``),
 separate from the training ranks' group, rendezvousing on a TCP store that training rank 0 hosts.

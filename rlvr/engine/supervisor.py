@@ -13,7 +13,7 @@ transport either sends each request on its own (``batched = False``: HTTP, where
 requests spread over the engines) or a whole prompt group in one call (``batched = True``: an
 engine actor prefills the group's prompt once).
 
-Fault tolerance (slime's ``--use-fault-tolerance``, seed 000 §2.3): a monitor thread checks each
+Fault tolerance (slime's ``--use-fault-tolerance``): a monitor thread checks each
 engine every ``min(interval, timeout) / 4`` seconds and probes it every
 ``--rollout-health-check-interval`` seconds. An engine is *down* when its process has exited, or
 a probe has gone unanswered for ``--rollout-health-check-timeout`` seconds (hung: SIGSTOPped,

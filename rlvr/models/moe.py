@@ -1,6 +1,6 @@
 """Mixture-of-experts routers: find them, record the experts they choose, replay recorded choices.
 
-R3 (rollout routing replay, seed 002): the engine records, for every token position and every MoE
+R3 (rollout routing replay): the engine records, for every token position and every MoE
 layer, the identities of the top-k experts its router chose; the trainer's forward then uses
 exactly those experts instead of its own top-k, so a routing flip between engine and trainer
 (different precision, different kernels) cannot change which experts compute a token. Only the

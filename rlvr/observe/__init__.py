@@ -1,6 +1,6 @@
 """Observability: metric sinks (JSONL, TensorBoard), the console progress view, and plots.
 
-Metric names follow slime (seed 000 §2.7): prefixes ``rollout/``, ``eval/``, ``train/``,
+Metric names follow slime: prefixes ``rollout/``, ``eval/``, ``train/``,
 ``perf/``; every record carries one step key, ``rollout/step``, ``train/step`` or ``eval/step``.
 """
 

@@ -1,6 +1,6 @@
 """Metric sinks: one JSON line per record in ``run_dir/metrics.jsonl``, optionally TensorBoard.
 
-Contract (slime's ``logging_utils.log``, seed 000 §2.7):
+Contract (slime's ``logging_utils.log``):
 
 - Metric names carry a prefix: ``rollout/``, ``eval/``, ``train/`` or ``perf/``. The prefix is
   the caller's business and is not enforced here (custom metrics are welcome).

@@ -1,4 +1,4 @@
-"""slime's per-rollout means of the training tensors (seed 000 §2.7.2, its fourth kind of metric).
+"""slime's per-rollout means of the training tensors (its fourth kind of metric).
 
 Before training on a rollout, slime's Megatron side logs, at ``rollout/step``, the mean of each
 field of its rollout data: ``rollout/log_probs`` (the old policy p0), ``rollout/ref_log_probs``,

@@ -1,6 +1,6 @@
 """``--rm-type math_confidence``: math accuracy plus the confidence the response states.
 
-For calibration training (DCPO, seed 000 part 3) a response ends with its confidence, e.g.
+For calibration training (DCPO) a response ends with its confidence, e.g.
 ``"46 confidence: 0.8"``. The reward is a dict: ``score`` (accuracy of the answer written before
 the confidence), ``confidence`` (the stated value clipped to [0, 1], 0 when absent) and
 ``confidence_char_pos`` (where the confidence span starts in the response text, -1 when absent),

@@ -5,7 +5,7 @@
 into one coroutine, ``grade_group(samples)``, that the rollout awaits as soon as a group's
 responses are back, so grading overlaps the generation of the other groups.
 
-Every call is contained (seed 003 §5: a broken grader must not silently ruin the run):
+Every call is contained (a broken grader must not silently ruin the run):
 
 * an exception, a call that outlives ``--reward-timeout``, a NaN/inf score or a malformed
   result (no ``score`` key, not a number, a group reward of the wrong length) gives the sample

@@ -18,7 +18,7 @@ instruction-following checkers):
   response that contains the correct choice's text or whose last capital letter is right; rlvr
   does not, because both credit hedges.
 - ``random``: 0.0 or 1.0 with equal probability (a pipeline check, as in slime).
-- ``dcpo``: the DCPO recipe's reward (seed 000 §3.3), rlvr's ``math_confidence``: accuracy plus the
+- ``dcpo``: the DCPO recipe's reward, rlvr's ``math_confidence``: accuracy plus the
   stated confidence, which ``--custom-reward-post-process-path dcpo`` hands to the estimator.
 """
 
@@ -107,7 +107,7 @@ def _register() -> None:
     for base in BOXED_BASES:
         if base in REWARDS:
             REWARDS.register(f"boxed_{base}")(type(f"Boxed_{base}", (_Boxed,), {"base": base}))
-    if "math_confidence" in REWARDS:  # slime's DCPO recipe (seed 000 §3.3) names its reward "dcpo"
+    if "math_confidence" in REWARDS:  # slime's DCPO recipe names its reward "dcpo"
         REWARDS.register("dcpo")(REWARDS["math_confidence"])
     REWARDS.register("gpqa")(gpqa_reward)
     REWARDS.register("random")(random_reward)

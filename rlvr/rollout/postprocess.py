@@ -2,7 +2,7 @@
 ``--custom-reward-post-process-path``): ``fn(samples, tokenizer) -> None``, free to fill
 ``Sample.train_metadata`` with per-sample values the loss needs.
 
-``dcpo`` (seed 000 §3.2.1) reads the ``math_confidence`` reward's fields and writes what the
+``dcpo`` reads the ``math_confidence`` reward's fields and writes what the
 ``dcpo`` advantage estimator consumes: ``dcpo_confidence`` (a float) and
 ``dcpo_confidence_mask`` (one 0/1 per response token, 1 from the token where the stated
 confidence starts). The group statistics (hybrid accuracy, calibration reward, the two

@@ -9,7 +9,7 @@ point 4: async is a strategy passed to the same driver, not a second loop):
 
 ``SyncBatches`` generates rollout ``r`` when asked (the engine idles while the trainer trains).
 
-``AsyncProducer`` (seed 003 §3.2, slime's fully-async rollout) runs a thread with its own
+``AsyncProducer`` (slime's fully-async rollout) runs a thread with its own
 asyncio loop beside the trainer. It keeps ``--rollout-concurrency`` prompt *groups* in flight
 (each group is ``--n-samples-per-prompt`` requests, graded as soon as its last response is back)
 and files finished groups in a buffer; ``next_batch`` returns as soon as a batch of

@@ -1,6 +1,6 @@
-"""Local ``--colocate``: the trainer and the embedded engine time-share one device (issue 16 item 4).
+"""Local ``--colocate``: the trainer and the embedded engine time-share one device.
 
-slime's colocated mode on one GPU (seed 000 "训推一体化"): while the engine samples, the trainer
+slime's colocated mode on one GPU: while the engine samples, the trainer
 holds only what it cannot drop; while the trainer steps, the engine holds nothing.
 
     rollout phase   engine awake (weights + KV cache); trainer: weights and float32 masters,
@@ -9,7 +9,7 @@ holds only what it cannot drop; while the trainer steps, the engine holds nothin
                     finished); optimizer state back on the device
 
 ``Colocated`` wraps the trainer with the loop's trainer methods, so the driver is unchanged
-(STYLE point 4: a strategy, not a second loop): ``train`` puts the engine to sleep first;
+(a strategy, not a second loop): ``train`` puts the engine to sleep first;
 ``weights`` (called by the loop right before the engine loads them) frees the gradients, offloads
 the optimizer state, wakes the engine and returns the trainer's tensors, which the engine copies
 device to device (``EmbeddedEngine.update_weights``: no host round trip). Each phase's peak

@@ -1,7 +1,7 @@
 """Splitting a global batch into micro-batches, and a rollout into data-parallel shares.
 
-Dynamic batch size (``--use-dynamic-batch-size --max-tokens-per-gpu``) follows slime's two stages
-(seed 000 §2.4.2): first-fit decides *how many* micro-batches are needed, Karmarkar–Karp decides
+Dynamic batch size (``--use-dynamic-batch-size --max-tokens-per-gpu``) follows slime's two stages:
+first-fit decides *how many* micro-batches are needed, Karmarkar–Karp decides
 *which* samples go together so their token totals are balanced. slime's version has two known
 failures, both impossible here by construction:
 

@@ -1,4 +1,4 @@
-"""The PPO critic: a value head on the same architecture as the policy (seed 000 §2.5, 003 §4.1).
+"""The PPO critic: a value head on the same architecture as the policy.
 
 The backbone is loaded from ``--critic-load`` (default ``--hf-checkpoint``) with ``AutoModel``, and
 a linear head maps the last hidden state to a scalar. Like log-probs, the value of response token t

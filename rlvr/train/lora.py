@@ -1,4 +1,4 @@
-"""LoRA for RL, on PEFT (issue 18): train low-rank adapters, keep one copy of the base weights.
+"""LoRA for RL, on PEFT: train low-rank adapters, keep one copy of the base weights.
 
 ``--lora-rank R`` (or ``--lora-adapter-path DIR``) wraps the policy with PEFT's LoRA layers on
 ``--target-modules`` (``all-linear``: every linear layer but the output layer, PEFT's meaning).

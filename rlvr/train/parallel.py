@@ -1,7 +1,7 @@
 """Data parallelism for the trainer: one rank of a torch.distributed group (DDP or FSDP2), or
 one process alone.
 
-The trainer is written once, for a strategy object it asks these things (STYLE point 7);
+The trainer is written once, for a strategy object it asks these things;
 ``SingleProcess`` answers them for one process (the whole batch, nothing to synchronise: every run
 outside ``--ray``, and the PPO critic, which config validation keeps out of ``--ray``), and
 ``DataParallel`` for one rank:

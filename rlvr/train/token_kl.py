@@ -1,4 +1,4 @@
-"""Exact token-level KL to the reference (``--kl-loss-type token_level_kl``, seed 003 §4.5).
+"""Exact token-level KL to the reference (``--kl-loss-type token_level_kl``).
 
 KL(p_theta || p_ref) at a position is ``sum_v p_theta(v) (log p_theta(v) - log p_ref(v))`` over the
 whole vocabulary, not an estimate from the sampled token. Both full distributions are needed

@@ -1,4 +1,4 @@
-"""slime-signature plugins run under rlvr: porting one is a change of import path (issue 20.6).
+"""slime-signature plugins run under rlvr: porting one is a change of import path.
 
 slime calls its plugins with ``args`` (its argparse namespace) first; rlvr's own plugin
 signatures take only what they need. A plugin whose first parameter is named ``args`` is a slime
