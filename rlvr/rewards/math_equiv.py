@@ -224,6 +224,7 @@ def normalize(answer: str) -> str:
 _OPEN, _CLOSE = "([{", ")]}"
 _WORD_SPLIT = re.compile(r"\\text\s*\{\s*(or|and)\s*\}|\\lor\b|\\vee\b|\\land\b|\\wedge\b|\s(or|and)\s")
 _LEADING = re.compile(r"^\s*(?:either|both)\s+", re.IGNORECASE)
+_PLUS_MINUS = re.compile(r"\\pm(?![a-z])\s*")  # not \pmod
 
 
 def _top_level_splits(s: str) -> list[tuple[int, int, bool]]:
@@ -274,9 +275,9 @@ def split_values(text: str) -> tuple[list[str], bool]:
         piece = _LEADING.sub("", piece).strip()
         if len(pieces) > 1:
             piece = _SIMPLE_LHS.sub("", piece).strip()
-        if piece.count("\\pm") == 1 and "\\mp" not in piece:  # a \pm b names a + b and a - b
-            piece = _SIMPLE_LHS.sub("", piece.replace("\\pm ", "\\pm")).strip()
-            values += [piece.replace("\\pm", "+").removeprefix("+"), piece.replace("\\pm", "-")]
+        if len(_PLUS_MINUS.findall(piece)) == 1 and "\\mp" not in piece:  # a \pm b names a + b and a - b
+            piece = _SIMPLE_LHS.sub("", _PLUS_MINUS.sub(r"\\pm", piece)).strip()
+            values += [_PLUS_MINUS.sub("+", piece).removeprefix("+"), _PLUS_MINUS.sub("-", piece)]
         elif piece:
             values.append(piece)
     return values or [s], any(is_or for _, _, is_or in cuts)
