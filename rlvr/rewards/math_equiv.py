@@ -3,9 +3,15 @@
 A normalisation and structure layer in front of the math-verify library (which decides the
 algebra). Rules (``docs/rewards.md`` states them for users):
 
-- **Presentation is removed, never converted**: ``\\text{}`` wrappers, ``\\$``, degree marks,
-  thousands separators, TeX spaces, and units: a trailing ``\\text{...}`` or word(s) after a value
+- **Presentation is removed**: ``\\text{}`` wrappers, ``\\$``, degree marks, thousands
+  separators, TeX spaces, and units: a trailing ``\\text{...}`` or word(s) after a value
   (``5\\text{ cm}``, ``12\\pi \\text{ square units}``, ``45 km/h``). ``3 meters`` is not ``300``.
+  A unit converts only when both sides name a known unit of one kind (``125 cents`` = ``\\$1.25``,
+  ``60^\\circ`` = ``\\frac{\\pi}{3}``; ``math_units``).
+- **Other forms of one answer**: numbers and sets of reals in words ("twelve", "all real numbers
+  except 2"; ``math_words``), an equation of the same curve, a congruence for a residue, a
+  repeating decimal with an ellipsis (``x + 2y = 6``, ``x \\equiv 3 \\pmod 7``, ``0.1666...``;
+  ``math_forms``).
 - **Scale words and percent are values.** ``thousand``/``million``/``billion``/``trillion``
   multiply (``3.5 million`` = ``3500000``); since a label may count in that scale, the bare
   number also matches (``5 million`` vs a label ``5``). Percent follows ``--math-percent-policy``:
@@ -43,6 +49,10 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+from rlvr.rewards.math_forms import ELLIPSIS, congruence_equal, ellipsis_value, one_equation, same_curve
+from rlvr.rewards.math_units import in_common_unit
+from rlvr.rewards.math_words import spelled_answer, words_to_set
 
 MAX_ANSWER_CHARS = 400  # a longer "answer" is compared as a string only
 MATH_VERIFY_TIMEOUT = 5  # seconds, per parse / verify, main thread only
@@ -89,6 +99,9 @@ _MATRIX = re.compile(r"^\\begin\{([pbBvV]?matrix)\}(.*)\\end\{\1\}$", re.DOTALL)
 _APPROX = re.compile(r"\\approx|≈")
 _SQRT_SIGN = re.compile(r"√\s*(\d+|[a-z]|\{[^{}]*\})")
 # "approximately 42 minutes": the adverb says how the value was found, the value is still 42.
+_ELLIPSIS = re.compile(ELLIPSIS)
+_ENDS_IN_ELLIPSIS = re.compile(rf"\d\s*{ELLIPSIS}\s*$")
+_DIGIT = re.compile(r"\d")
 _LEADING_ADVERB = re.compile(r"^(?:approximately|about|roughly|around|exactly|nearly|just|only)\s+", re.IGNORECASE)
 # -\frac{a}{b}, a/b, or a decimal: the forms compared exactly without sympy.
 _RATIONAL = re.compile(
@@ -183,9 +196,16 @@ def _clean(answer: str) -> str:
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     s = s.replace("\\langle", "(").replace("\\rangle", ")")  # <2, 0, -1>: a vector is a tuple
     parts = _APPROX.split(s)  # "1/3 \approx 0.333": the value before the approximation
+    if not parts[0].strip() and _ENDS_IN_ELLIPSIS.search(s):
+        return s  # "\approx 0.333...": an approximation, not the repeating decimal
     s = parts[0].strip() or parts[-1].strip()
     s = _SQRT_SIGN.sub(r"\\sqrt{\1}", s.replace("±", "\\pm "))
-    return _LEADING_ADVERB.sub("", _close_braces(s)).strip()
+    s = _close_braces(s)
+    if not _ENDS_IN_ELLIPSIS.search(s):  # "approximately 0.333..." says it is not exactly 1/3
+        s = _LEADING_ADVERB.sub("", s).strip()
+    if not _DIGIT.search(s):
+        s = spelled_answer(s) or s  # "twelve" -> 12 (only a whole answer in number words)
+    return s.strip()
 
 
 def normalize(answer: str) -> str:
@@ -215,6 +235,9 @@ def normalize(answer: str) -> str:
         s = f"{m.group(1)}\\times10^{{{int(m.group(2))}}}"
     if _ASSIGNMENTS.match(s):
         s = "(" + ",".join(part.split("=")[1].strip() for part in s.split(",")) + ")"
+    repeating = ellipsis_value(s)
+    if repeating is not None:  # "0.1666..." -> 1/6; "0.16..." shows no repetition and stays as written
+        return repeating if repeating != "?" else s
     s = _mixed_to_fraction(_repeating_to_fraction(s.rstrip(".").strip()))
     return s.rstrip(".").strip()
 
@@ -305,9 +328,7 @@ _EMPTY = re.compile(
     r"(?:there (?:are|is) )?no(?:\s+real)?\s+(?:solutions?|roots?|values?|such \w+)(?: exists?)?",
     re.IGNORECASE,
 )
-_ALL_REALS = re.compile(
-    r"(?:the set of )?(?:all|any) real (?:numbers?|values?)|all reals|\\mathbb\s*\{?R\}?|ℝ", re.IGNORECASE
-)
+_SET_WORD = re.compile(r"\breal|\\mathbb|ℝ", re.IGNORECASE)
 _RELATION = re.compile(r"<|>|\\le|\\ge|\\lt|\\gt|≤|≥")
 
 
@@ -324,9 +345,11 @@ def is_empty_set(answer: str) -> bool:
 
 
 def _set_words(answer: str) -> str:
-    """"all real numbers" (also ``\\mathbb{R}``) as the interval it names; anything else unchanged."""
-    s = _WRAPPERS.sub("", _clean(answer)).replace("{", "").replace("}", "").strip(" .")
-    return "(-\\infty,\\infty)" if _ALL_REALS.fullmatch(s) else answer
+    """A set of reals in words ("all real numbers except 2", ``\\mathbb{R}``) as the interval it
+    names (``math_words``); anything else unchanged."""
+    if not _SET_WORD.search(answer):
+        return answer
+    return words_to_set(answer) or answer
 
 
 def _as_set(values: list[str], timeout: int | None):
@@ -374,7 +397,8 @@ def _scaled(answer: str, policy: str) -> tuple[str, Fraction, bool]:
     >>> _scaled("25\\\\%", "value"), _scaled("3.5 \\\\text{ million}", "value"), _scaled("25%", "number")
     (('25', Fraction(1, 100), True), ('3.5', Fraction(1000000, 1), True), ('25', Fraction(1, 1), False))
     """
-    s = _clean(answer).rstrip(".").strip()
+    s = _clean(answer)
+    s = s if _ENDS_IN_ELLIPSIS.search(s) else s.rstrip(".").strip()
     m = _PERCENT.search(s)
     if m and m.start() > 0:
         core = s[: m.start()].strip()
@@ -406,6 +430,12 @@ def same_value(answer: str, label: str, opts: MathOptions = DEFAULT, timeout: in
     if empty_a or empty_g:
         return empty_a and empty_g
     answer, label = _set_words(answer), _set_words(label)
+    congruent = congruence_equal(_clean(answer), _clean(label), _integer)
+    if congruent is not None:  # "x \equiv 3 \pmod 7" (math_forms)
+        return congruent
+    common = in_common_unit(answer, label)  # "125 cents" for "\$1.25" (math_units)
+    if common is not None:
+        return bool(common) and _core_equal(common[0], common[1], opts, timeout)
     a, fa, bare_a = _scaled(answer, opts.percent_policy)
     g, fg, bare_g = _scaled(label, opts.percent_policy)
     if fa == fg:
@@ -460,6 +490,11 @@ def _rational(text: str) -> tuple[Fraction, int | None] | None:
     return (-value if sign else value), places
 
 
+def _integer(text: str) -> int | None:
+    value = _rational(normalize(text))
+    return int(value[0]) if value is not None and value[0].denominator == 1 and value[1] is None else None
+
+
 def _numbers_equal(a: tuple[Fraction, int | None], g: tuple[Fraction, int | None], opts: MathOptions) -> bool:
     if a[0] == g[0]:
         return True
@@ -490,7 +525,8 @@ def _strip_lhs_unless_both(answer: str, label: str) -> tuple[str, str]:
 
 
 def _core_equal(answer: str, label: str, opts: MathOptions, timeout: int | None) -> bool:
-    a, g = _strip_lhs_unless_both(normalize(answer), normalize(label))
+    a_eq, g_eq = normalize(answer), normalize(label)
+    a, g = _strip_lhs_unless_both(a_eq, g_eq)
     if bool(_MATRIX.match(a)) != bool(_MATRIX.match(g)):  # a vector against a tuple: compare entries
         a, g = _vector_to_tuple(a), _vector_to_tuple(g)
     if not a or not g:
@@ -500,8 +536,12 @@ def _core_equal(answer: str, label: str, opts: MathOptions, timeout: int | None)
         return _numbers_equal(ra, rg, opts)
     if is_unsafe(a) or is_unsafe(g):
         return a.replace(" ", "") == g.replace(" ", "")
+    if _ELLIPSIS.search(a) or _ELLIPSIS.search(g):  # a decimal whose ellipsis names no exact value
+        return a.replace(" ", "") == g.replace(" ", "")
     if _math_verify(a, g, timeout):
         return True
+    if one_equation(a_eq) and one_equation(g_eq):  # "x + 2y = 6" for "y = -x/2 + 3" (math_forms)
+        return _same_curve(a_eq, g_eq, timeout)
     if opts.tolerance > 0 or opts.approximate:
         av, gv = _float_value(a, timeout), _float_value(g, timeout)
         if av is not None and gv is not None:
@@ -518,6 +558,12 @@ def _parse(expr: str, timeout: int | None) -> tuple:
         extraction_config=[LatexExtractionConfig(boxed_match_priority=-1), ExprExtractionConfig()],
         parsing_timeout=timeout,
     ))
+
+
+@functools.lru_cache(maxsize=8192)
+def _same_curve(answer: str, label: str, timeout: int | None) -> bool:
+    parsed_a, parsed_g = _parse(answer, timeout), _parse(label, timeout)
+    return bool(parsed_a and parsed_g) and same_curve(parsed_a[0], parsed_g[0])
 
 
 def _float_value(expr: str, timeout: int | None) -> float | None:
@@ -577,6 +623,10 @@ def is_equivalent(answer: str, label: str, opts: MathOptions = DEFAULT) -> bool:
     if len(answer) > 4 * MAX_ANSWER_CHARS:  # not a final answer anyone writes; no regex work on it
         return answer.strip() == label.strip()
     t = timeout()
+    answer, label = _set_words(answer), _set_words(label)  # before splitting: "all reals except 2 and 3"
+    common = in_common_unit(answer, label)  # before "\$" is cleaned away: "125 cents" for "\$1.25"
+    if common is not None:
+        return bool(common) and _core_equal(common[0], common[1], opts, t)
     a_values, a_or = split_values(answer)
     g_values, _ = split_values(label)
     if (len(a_values) > 1 or len(g_values) > 1) and (_relations(a_values) or _relations(g_values)):
