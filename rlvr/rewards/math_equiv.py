@@ -189,6 +189,7 @@ def _close_braces(text: str) -> str:
     return "".join(out) + "}" * depth
 
 
+@functools.lru_cache(maxsize=16384)  # pure; one answer or label is cleaned several times per grading
 def _clean(answer: str) -> str:
     """Presentation that never carries meaning: dollar signs, ``\\left``, TeX spaces, ``\\dfrac``."""
     s = answer.replace("\u2212", "-").replace("\\$", "").replace("$", "").strip()
@@ -208,6 +209,7 @@ def _clean(answer: str) -> str:
     return s.strip()
 
 
+@functools.lru_cache(maxsize=16384)  # pure, and called for the same strings by several rules
 def normalize(answer: str) -> str:
     """``answer`` without its presentation: units, ``%``, degrees, wrappers, separators.
 
@@ -430,7 +432,7 @@ def same_value(answer: str, label: str, opts: MathOptions = DEFAULT, timeout: in
     if empty_a or empty_g:
         return empty_a and empty_g
     answer, label = _set_words(answer), _set_words(label)
-    congruent = congruence_equal(_clean(answer), _clean(label), _integer)
+    congruent = congruence_equal(_clean(answer), _clean(label), _integer) if "mod" in answer + label else None
     if congruent is not None:  # "x \equiv 3 \pmod 7" (math_forms)
         return congruent
     common = in_common_unit(answer, label)  # "125 cents" for "\$1.25" (math_units)

@@ -64,6 +64,7 @@ _WORD = re.compile(r"(?<=[\d}\s])\s*([A-Za-z]{2,}|¢)\s*\.?\s*$")
 _DEGREE = re.compile(r"\s*(?:\^\s*\{?\s*\\circ\s*\}?|°)\s*$")
 _TEMPERATURE = re.compile(r"(?:\^\s*\{?\s*\\circ\s*\}?|°)\s*(?:\\text\s*\{\s*)?[CF]\b")
 _SEVERAL = re.compile(r"\b(?:or|and)\b|,(?!\d{3}(?!\d))|=.*=")  # a list or a hedge is no one quantity
+_MAYBE_UNIT = re.compile(r"[A-Za-z¢°]\s*\}?\s*\.?\s*\$?\s*$|\\\$|\\circ")  # cheap test before the real one
 _SCALE_OR_PERCENT = re.compile(r"thousand|million|billion|trillion|%|percent", re.IGNORECASE)
 
 
@@ -88,6 +89,8 @@ def quantity(text: str) -> Quantity | None:
     >>> quantity("12"), quantity("5 \\\\text{ million}"), quantity("30^\\\\circ C"), quantity("3 apples")
     (None, None, None, None)
     """
+    if not _MAYBE_UNIT.search(text):
+        return None
     money = "\\$" in text
     s = text.replace("\\$", " ").replace("$", " ").strip()
     if _SCALE_OR_PERCENT.search(s) or _TEMPERATURE.search(s):
