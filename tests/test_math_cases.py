@@ -195,6 +195,10 @@ def test_math_grader_agrees_on_realistic_cases(path, threshold):
         ("The area is 24.\n\nOption B: 24", "(C) 24", 0.0),
         ("The options are:\n(A) 12\n(B) 18\n(C) 24\n(D) 30", "D", 0.0),  # a list commits to nothing
         ("The answer is **B**, though D is also possible.", "B", 0.0),
+        ("Option B: 4\nOption C: 5", "C", 0.0),  # a list in "Option X:" lines
+        ("Let me check option C: 4 x 6 = 24", "C", 0.0),  # examining an option is not choosing it
+        ("So I would pick option D.", "D", 1.0),
+        ("The answer is twenty or so.", "20", 0.0),
     ],
 )
 def test_answer_forms(response, label, expected):

@@ -131,18 +131,25 @@ _NAMED_OPTION = re.compile(
     r"\(([A-J])\)|\*\*\(?([A-J])\)?[.):]?\*\*|\b(?:option|choice)\s+(?:is\s+)?\(?([A-J])\)?(?![A-Za-z])", re.IGNORECASE)
 # A last line that commits to one option: "**B**", "D)", "Option C: 24".
 _OPTION_LINE = re.compile(r"(?:option|choice)\s+\(?([A-J])\)?(?:\s*[:.)-]\s*\S.*)?", re.IGNORECASE)
-_LISTED = re.compile(r"^\s*\(?[A-J]\s*[).:]")  # a line of an option list: "(B) 18", "C. 24"
+_LISTED = re.compile(r"^\s*(?:\*\*)?(?:(?:option|choice)\s+)?\(?[A-J]\s*[).:]", re.IGNORECASE)  # "(B) 18", "Option C: 24"
+# A sentence that examines an option rather than choosing it: "Let me check option C: ...".
+_EXAMINES = re.compile(r"\b(?:check|try|test|consider|evaluat|examin|look at)\w*", re.IGNORECASE)
 
 
 def _last_line_option(final: str) -> str | None:
-    """The last line when it is nothing but one option: "**B**", "D)", "Option C: 24"."""
+    """The last line when it is nothing but one option: "**B**", "D)", "Option C: 24"; not the end
+    of a list of options."""
     lines = [line.strip().strip("*#_> ").rstrip(".") for line in final[-FALLBACK_TAIL:].splitlines() if line.strip()]
-    if not lines:
+    if not lines or _ends_with_list(lines):
         return None
     line = _plain(lines[-1]).strip()
     if _SINGLE_LETTER.fullmatch(line) or _OPTION_LINE.fullmatch(line):
         return line
     return None
+
+
+def _ends_with_list(lines: list[str]) -> bool:
+    return len(lines) >= 2 and all(_LISTED.match(line) for line in lines[-2:])
 
 
 def _choice_readings(response: str, truncated: bool) -> list[str]:
@@ -156,11 +163,11 @@ def _choice_readings(response: str, truncated: bool) -> list[str]:
     if final is None or truncated:
         return []
     tail = final[-FALLBACK_TAIL:].rstrip()
-    lines = [line for line in tail.splitlines() if line.strip()]
-    if len(lines) >= 2 and all(_LISTED.match(line) for line in lines[-2:]):
+    if _ends_with_list([line for line in tail.splitlines() if line.strip()]):
         return []  # the response ends by listing the options: no commitment
     last = _REJECTED.sub("", re.split(r"(?<=[.!?])\s+|\n", tail.rstrip(".!"))[-1])
-    letters = [next(g for g in m.groups() if g) for m in _NAMED_OPTION.finditer(last)]
+    named = _NAMED_OPTION.finditer(last) if not _EXAMINES.search(last) else _CHOICE_IN_TEXT.finditer(last)
+    letters = [next(g for g in m.groups() if g) for m in named]
     letters = letters or _CHOICE_IN_TEXT.findall(tail)[-1:]
     return [", ".join(letter.upper() for letter in letters)] if letters else []
 

@@ -142,7 +142,7 @@ _DIGITS = r"-?(?:\d+|\\frac\{\d+\}\{\d+\})"
 _SPELLED_ANSWER = re.compile(
     rf"(?:(?:either|both|exactly)\s+)?{_DIGITS}(?:\s*(?:,|or|and)\s*(?:or\s+|and\s+)?{_DIGITS})*((?:\s+[A-Za-z]+){{0,3}})",
     re.IGNORECASE)
-_WORDS_AFTER = frozenset("of the is are was were a an it that this to in on at for by with from as".split())
+_WORDS_AFTER = frozenset("of the is are was were a an it that this to in on at for by with from as or and so".split())
 
 
 def words_to_number(text: str) -> str | None:
