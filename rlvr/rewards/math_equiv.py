@@ -50,7 +50,9 @@ from fractions import Fraction
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
-from rlvr.rewards.math_forms import ELLIPSIS, congruence_equal, ellipsis_value, one_equation, same_curve
+from rlvr.rewards.math_forms import (
+    ELLIPSIS, congruence_equal, ellipsis_value, mixed_to_fraction, one_equation, repeating_to_fraction, same_curve,
+)
 from rlvr.rewards.math_units import in_common_unit
 from rlvr.rewards.math_words import spelled_answer, words_to_set
 
@@ -93,51 +95,18 @@ _SIMPLE_LHS = re.compile(
     r"\s*=\s*(?!.*=)"
 )
 _ASSIGNMENTS = re.compile(r"^\s*[a-z]\s*=\s*[^,=]+(?:,\s*[a-z]\s*=\s*[^,=]+)+$")
-_REPEATING = re.compile(r"^(-?)(\d*)\.(\d*)\\overline\{(\d+)\}$")
-_MIXED = re.compile(r"^(-?)(\d+)\s+(\d+)\s*/\s*(\d+)$|^(-?)(\d+)\s*\\frac\{(\d+)\}\{(\d+)\}$")
 _MATRIX = re.compile(r"^\\begin\{([pbBvV]?matrix)\}(.*)\\end\{\1\}$", re.DOTALL)
 _APPROX = re.compile(r"\\approx|≈")
 _SQRT_SIGN = re.compile(r"√\s*(\d+|[a-z]|\{[^{}]*\})")
-# "approximately 42 minutes": the adverb says how the value was found, the value is still 42.
 _ELLIPSIS = re.compile(ELLIPSIS)
 _ENDS_IN_ELLIPSIS = re.compile(rf"\d\s*{ELLIPSIS}\s*$")
 _DIGIT = re.compile(r"\d")
+# "approximately 42 minutes": the adverb says how the value was found, the value is still 42.
 _LEADING_ADVERB = re.compile(r"^(?:approximately|about|roughly|around|exactly|nearly|just|only)\s+", re.IGNORECASE)
 # -\frac{a}{b}, a/b, or a decimal: the forms compared exactly without sympy.
 _RATIONAL = re.compile(
     r"^(-?)\s*(?:\\frac\{\s*(-?\d+)\s*\}\{\s*(-?\d+)\s*\}|(-?\d+)\s*/\s*(-?\d+)|(-?(?:\d+(?:\.\d*)?|\.\d+)))$"
 )
-
-
-def _repeating_to_fraction(text: str) -> str:
-    """``0.\\overline{3}`` -> ``\\frac{1}{3}``: a repeating decimal as an exact fraction.
-
-    >>> _repeating_to_fraction("0.\\\\overline{3}"), _repeating_to_fraction("1.2\\\\overline{45}")
-    ('\\\\frac{1}{3}', '\\\\frac{137}{110}')
-    """
-    m = _REPEATING.match(text)
-    if not m:
-        return text
-    sign, whole, fixed, rep = m.groups()
-    value = Fraction(int(whole or 0)) + Fraction(int(fixed or 0), 10 ** len(fixed))
-    value += Fraction(int(rep), 10 ** len(fixed) * (10 ** len(rep) - 1))
-    return f"{sign}\\frac{{{value.numerator}}}{{{value.denominator}}}"
-
-
-def _mixed_to_fraction(text: str) -> str:
-    """``3 1/2`` or ``3\\frac{1}{2}`` (a proper fraction after a whole number) -> ``\\frac{7}{2}``.
-
-    >>> _mixed_to_fraction("3 1/2"), _mixed_to_fraction("-2\\\\frac{3}{4}"), _mixed_to_fraction("31/2")
-    ('\\\\frac{7}{2}', '-\\\\frac{11}{4}', '31/2')
-    """
-    m = _MIXED.match(text)
-    if not m:
-        return text
-    sign, whole, num, den = m.groups()[:4] if m.group(2) else m.groups()[4:]
-    if int(den) == 0 or int(num) >= int(den):
-        return text
-    value = int(whole) + Fraction(int(num), int(den))
-    return f"{sign}\\frac{{{value.numerator}}}{{{value.denominator}}}"
 
 
 def _vector_to_tuple(text: str) -> str:
@@ -240,7 +209,7 @@ def normalize(answer: str) -> str:
     repeating = ellipsis_value(s)
     if repeating is not None:  # "0.1666..." -> 1/6; "0.16..." shows no repetition and stays as written
         return repeating if repeating != "?" else s
-    s = _mixed_to_fraction(_repeating_to_fraction(s.rstrip(".").strip()))
+    s = mixed_to_fraction(repeating_to_fraction(s.rstrip(".").strip()))
     return s.rstrip(".").strip()
 
 

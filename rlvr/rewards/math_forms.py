@@ -9,6 +9,8 @@
 - **Congruences.** ``x \\equiv 3 \\pmod{7}``, ``4 \\pmod 9``, ``3 (mod 7)``: against a residue label
   the residue must be the label and a least residue (``0 <= r < m``); against a congruence label
   the moduli must be equal and the residues congruent. The modulus alone is never the answer.
+- **Repeating decimals and mixed numbers** as exact fractions: ``0.1\\overline{6}`` = 1/6,
+  ``3 1/2`` = ``3\\frac{1}{2}`` = 7/2 (``31/2`` is 15.5).
 - **Repeating decimals with an ellipsis.** ``0.1666...`` (also ``\\ldots``, ``\\dots``, ``…``) is
   the repeating decimal its digits show: the shortest block that repeats at least twice at the
   end (``0.1666...`` = 1/6, ``0.272727...`` = 3/11). Digits that show no repetition (``0.16...``)
@@ -20,7 +22,42 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-# --- repeating decimals -------------------------------------------------------------------------
+# --- repeating decimals and mixed numbers -------------------------------------------------------
+
+_OVERLINE = re.compile(r"^(-?)(\d*)\.(\d*)\\overline\{(\d+)\}$")
+_MIXED = re.compile(r"^(-?)(\d+)\s+(\d+)\s*/\s*(\d+)$|^(-?)(\d+)\s*\\frac\{(\d+)\}\{(\d+)\}$")
+
+
+def repeating_to_fraction(text: str) -> str:
+    """``0.\\overline{3}`` -> ``\\frac{1}{3}``: a repeating decimal as an exact fraction.
+
+    >>> repeating_to_fraction("0.\\\\overline{3}"), repeating_to_fraction("1.2\\\\overline{45}")
+    ('\\\\frac{1}{3}', '\\\\frac{137}{110}')
+    """
+    m = _OVERLINE.match(text)
+    if not m:
+        return text
+    sign, whole, fixed, rep = m.groups()
+    value = Fraction(int(whole or 0)) + Fraction(int(fixed or 0), 10 ** len(fixed))
+    value += Fraction(int(rep), 10 ** len(fixed) * (10 ** len(rep) - 1))
+    return f"{sign}\\frac{{{value.numerator}}}{{{value.denominator}}}"
+
+
+def mixed_to_fraction(text: str) -> str:
+    """``3 1/2`` or ``3\\frac{1}{2}`` (a proper fraction after a whole number) -> ``\\frac{7}{2}``.
+
+    >>> mixed_to_fraction("3 1/2"), mixed_to_fraction("-2\\\\frac{3}{4}"), mixed_to_fraction("31/2")
+    ('\\\\frac{7}{2}', '-\\\\frac{11}{4}', '31/2')
+    """
+    m = _MIXED.match(text)
+    if not m:
+        return text
+    sign, whole, num, den = m.groups()[:4] if m.group(2) else m.groups()[4:]
+    if int(den) == 0 or int(num) >= int(den):
+        return text
+    value = int(whole) + Fraction(int(num), int(den))
+    return f"{sign}\\frac{{{value.numerator}}}{{{value.denominator}}}"
+
 
 ELLIPSIS = r"(?:\.{3}|…|\\[lc]?dots\b)"
 _ELLIPSIS_DECIMAL = re.compile(rf"^(-?)(\d*)\.(\d+)\s*{ELLIPSIS}$")
