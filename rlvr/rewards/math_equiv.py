@@ -51,7 +51,13 @@ from fractions import Fraction
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
 from rlvr.rewards.math_forms import (
-    ELLIPSIS, congruence_equal, ellipsis_value, mixed_to_fraction, one_equation, repeating_to_fraction, same_curve,
+    ELLIPSIS,
+    congruence_equal,
+    ellipsis_value,
+    mixed_to_fraction,
+    one_equation,
+    repeating_to_fraction,
+    same_curve,
 )
 from rlvr.rewards.math_units import in_common_unit
 from rlvr.rewards.math_words import spelled_answer, words_to_set

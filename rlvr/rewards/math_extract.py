@@ -39,7 +39,12 @@ from __future__ import annotations
 import re
 
 from rlvr.rewards.math_units import UNIT_WORDS
-from rlvr.rewards.math_words import set_phrase_at, spell_numbers, words_to_number, words_to_set
+from rlvr.rewards.math_words import (
+    set_phrase_at,
+    spell_numbers,
+    words_to_number,
+    words_to_set,
+)
 
 MAX_SCAN_CHARS = 20_000  # markers and boxes are searched in this tail of the response
 FALLBACK_TAIL = 300  # the final statement is read only in this tail
@@ -59,7 +64,7 @@ _NUMBER = re.compile(
 )
 _ELLIPSIS_AFTER_DECIMAL = re.compile(r"(\d\.\d+)\s*(?:\.{3}|…)")
 # A unit word right after the last number of a final statement ("350 cents"): math_units converts it.
-_UNIT_AFTER = re.compile(r"\s+(%s)\b" % "|".join(sorted(UNIT_WORDS, key=len, reverse=True)), re.IGNORECASE)
+_UNIT_AFTER = re.compile(r"\s+({})\b".format("|".join(sorted(UNIT_WORDS, key=len, reverse=True))), re.IGNORECASE)
 # Where an answer after a marker stops: a sentence end, a new line, or an explanation.
 _SENTENCE_END = re.compile(  # an ellipsis ("0.1666...") and "(mod 7)" do not end the answer
     r"(?<!\.)\.(?:\s|$)|\n|;|,\s+(?=[a-z]{2,})|\s+\((?!\w\)|\s*mod\b)|"

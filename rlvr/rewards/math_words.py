@@ -30,8 +30,9 @@ _DENOMINATORS.update({w + "s": n for n, w in enumerate(_ORDINALS, start=3)})
 _SIGNS = ("negative", "minus")
 _NUMBER_WORD = sorted({*_ONES, *_TENS, *_SCALES, *_DENOMINATORS, "hundred", "a", "and", *_SIGNS}, key=len, reverse=True)
 # A run of words that may form a number phrase; ``_read`` decides which of it is one.
-_RUN = re.compile(r"\b(?:%s)(?:(?:\s+|-)(?:%s))*\b" % ("|".join(_NUMBER_WORD), "|".join(_NUMBER_WORD)), re.IGNORECASE)
-_HAS_WORD = re.compile(r"\b(?:%s)\b" % "|".join(w for w in _NUMBER_WORD if w not in ("a", "and")), re.IGNORECASE)
+_WORDS = "|".join(_NUMBER_WORD)
+_RUN = re.compile(rf"\b(?:{_WORDS})(?:(?:\s+|-)(?:{_WORDS}))*\b", re.IGNORECASE)
+_HAS_WORD = re.compile(r"\b(?:{})\b".format("|".join(w for w in _NUMBER_WORD if w not in ("a", "and"))), re.IGNORECASE)
 
 
 def _below_thousand(words: list[str], i: int) -> tuple[int, int] | None:
