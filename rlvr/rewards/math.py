@@ -16,8 +16,11 @@ Two layers (rules stated in full in ``docs/rewards.md``):
 **Anti-hedging**: a response that states several different final answers gets 0 unless the
 label is that very collection: "A, C" or "A or C" for label A, "6 (or 4 if ...)", "either 12
 or 15", ``\\pm 3`` for 3. A label that is a single letter A-J (``B``, ``(B)``, ``\\text{(B)}``)
-is graded as a multiple-choice letter: exactly one option letter may be named ("B, not C" names
-one), case-insensitive.
+or an option with its content (``(C) 24``) is graded as a multiple-choice letter: exactly one
+option letter may be named ("B, not C" names one), case-insensitive; a last line that is only an
+option ("**B**", "D)", "Option C: 24") is the final answer; a response that ends by listing the
+options commits to none; for ``(C) 24`` the content alone (``\\boxed{24}``) also counts, and
+content written next to the letter must be the option's ("Option B: 24" gets 0).
 
 Safety: only the last ``MAX_SCAN_CHARS`` of a response are searched; huge powers, towers,
 factorials and over-long answers never reach sympy. math-verify enforces its time limits with
@@ -54,13 +57,15 @@ from rlvr.core.types import Sample, Status
 __all__ = [  # the math grader's public names, some defined in math_extract / math_equiv
     "DEFAULT", "FALLBACK_TAIL", "MAX_ANSWER_CHARS", "MAX_SCAN_CHARS", "PERCENT_POLICIES", "MathOptions",
     "MathReward", "arity", "choice_letters", "extract_answer", "final_answers", "grade_math", "is_equivalent",
-    "is_unsafe", "label_choice", "last_boxed", "math_reward", "normalize", "split_thinking",
+    "is_unsafe", "label_choice", "label_option", "last_boxed", "math_reward", "normalize", "split_thinking",
 ]
 
 # --- multiple choice ----------------------------------------------------------------------------
 
 _WRAPPERS = re.compile(r"\\(?:textbf|textrm|text|mathrm|mathbf|mbox|operatorname|displaystyle)\s*")
 _CHOICE_LABEL = re.compile(r"^\(?([A-J])\)?$")
+# A label that is an option with its content: "(C) 24", "C) 24", "C: 24".
+_OPTION_LABEL = re.compile(r"^(?:\(([A-J])\)|([A-J])[):.])\s*(\S.*)$")
 _SINGLE_LETTER = re.compile(r"\s*\(?([A-Ja-j])\)?[.:]?\s*")
 # A letter the response rejects ("B, not C") is not a second answer.
 _REJECTED = re.compile(r"\b(?:not|except|rather than|instead of)\s+\(?[A-J]\)?(?![A-Za-z])")
@@ -96,29 +101,87 @@ def choice_letters(answer: str) -> set[str]:
 
 
 def label_choice(label: str) -> str | None:
-    """The option letter when ``label`` is a multiple-choice label (``B``, ``(B)``, ``\\text{(B)}``).
+    """The option letter when ``label`` is a multiple-choice label (``B``, ``(B)``, ``\\text{(B)}``, ``(C) 24``).
 
-    >>> label_choice("(B)"), label_choice("\\\\text{(C)}"), label_choice("e"), label_choice("12")
-    ('B', 'C', None, None)
+    >>> label_choice("(B)"), label_choice("\\\\text{(C)}"), label_choice("e"), label_choice("12"), label_choice("(C) 24")
+    ('B', 'C', None, None, 'C')
     """
-    m = _CHOICE_LABEL.match(_plain(label).strip())
-    return m.group(1) if m else None
+    option = label_option(label)
+    return option[0] if option else None
+
+
+def label_option(label: str) -> tuple[str, str | None] | None:
+    """``(letter, content)`` of a multiple-choice label: ``(B)`` -> ``('B', None)``, ``(C) 24`` -> ``('C', '24')``.
+
+    >>> label_option("(C) 24"), label_option("\\\\text{(D) } 7"), label_option("(A) and (C)"), label_option("(3, 4)")
+    (('C', '24'), ('D', '7'), None, None)
+    """
+    plain = _plain(label).strip()
+    m = _CHOICE_LABEL.match(plain)
+    if m:
+        return m.group(1), None
+    m = _OPTION_LABEL.match(plain)
+    if m is None or _CHOICE_IN_TEXT.search(m.group(3)):
+        return None
+    return m.group(1) or m.group(2), m.group(3).strip()
+
+
+# An option named in a sentence: "(C)", "**C**", "option C", "choice (E)", "the correct option is B".
+_NAMED_OPTION = re.compile(
+    r"\(([A-J])\)|\*\*\(?([A-J])\)?[.):]?\*\*|\b(?:option|choice)\s+(?:is\s+)?\(?([A-J])\)?(?![A-Za-z])", re.IGNORECASE)
+# A last line that commits to one option: "**B**", "D)", "Option C: 24".
+_OPTION_LINE = re.compile(r"(?:option|choice)\s+\(?([A-J])\)?(?:\s*[:.)-]\s*\S.*)?", re.IGNORECASE)
+_LISTED = re.compile(r"^\s*(?:\*\*)?(?:(?:option|choice)\s+)?\(?[A-J]\s*[).:]", re.IGNORECASE)  # "(B) 18", "Option C: 24"
+# A sentence that examines an option rather than choosing it: "Let me check option C: ...".
+_EXAMINES = re.compile(r"\b(?:check|try|test|consider|evaluat|examin|look at)\w*", re.IGNORECASE)
+
+
+def _last_line_option(final: str) -> str | None:
+    """The last line when it is nothing but one option: "**B**", "D)", "Option C: 24"; not the end
+    of a list of options."""
+    lines = [line.strip().strip("*#_> ").rstrip(".") for line in final[-FALLBACK_TAIL:].splitlines() if line.strip()]
+    if not lines or _ends_with_list(lines):
+        return None
+    line = _plain(lines[-1]).strip()
+    if _SINGLE_LETTER.fullmatch(line) or _OPTION_LINE.fullmatch(line):
+        return line
+    return None
+
+
+def _ends_with_list(lines: list[str]) -> bool:
+    return len(lines) >= 2 and all(_LISTED.match(line) for line in lines[-2:])
 
 
 def _choice_readings(response: str, truncated: bool) -> list[str]:
+    _, final = split_thinking(response)
+    committed = None if final is None or truncated else _last_line_option(final)
+    if committed:
+        return [committed]
     found = final_answers(response, truncated, fallback=False)
     if found:
         return found
-    _, final = split_thinking(response)
     if final is None or truncated:
         return []
-    final = final[-MAX_SCAN_CHARS:]
-    if _SINGLE_LETTER.fullmatch(_plain(final)):  # the whole response is one letter
-        return [final]
     tail = final[-FALLBACK_TAIL:].rstrip()
-    last = re.split(r"(?<=[.!?])\s+|\n", tail.rstrip(".!"))[-1]
-    letters = _CHOICE_IN_TEXT.findall(_REJECTED.sub("", last)) or _CHOICE_IN_TEXT.findall(tail)[-1:]
-    return [", ".join(letters)] if letters else []
+    if _ends_with_list([line for line in tail.splitlines() if line.strip()]):
+        return []  # the response ends by listing the options: no commitment
+    last = _REJECTED.sub("", re.split(r"(?<=[.!?])\s+|\n", tail.rstrip(".!"))[-1])
+    named = _NAMED_OPTION.finditer(last) if not _EXAMINES.search(last) else _CHOICE_IN_TEXT.finditer(last)
+    letters = [next(g for g in m.groups() if g) for m in named]
+    letters = letters or _CHOICE_IN_TEXT.findall(tail)[-1:]
+    return [", ".join(letter.upper() for letter in letters)] if letters else []
+
+
+def _names_option(reading: str, letter: str, content: str | None, opts: MathOptions) -> bool:
+    """Whether one reading commits to the label's option: its letter alone (any content it adds must be
+    the option's), or, for a label with content, that content without a letter (``\\boxed{24}`` for ``(C) 24``)."""
+    letters = choice_letters(reading)
+    if not letters:
+        return content is not None and is_equivalent(reading.strip(), content, opts)
+    if letters != {letter}:
+        return False
+    rest = re.sub(r"^.*?\(?(?<![A-Za-z])[A-J]\)?(?![A-Za-z])\s*[:.)-]?\s*", "", _plain(reading), count=1).strip()
+    return content is None or not re.search(r"\d", rest) or is_equivalent(rest, content, opts)
 
 
 # --- the reward ---------------------------------------------------------------------------------
@@ -137,10 +200,10 @@ def grade_math(sample: Sample, opts: MathOptions = DEFAULT) -> float:
         raise ValueError("math reward needs a non-empty label per sample (--label-key names its field)")
     label = str(sample.label)
     truncated = sample.status == Status.TRUNCATED
-    letter = label_choice(label)
-    if letter is not None:
+    option = label_option(label)
+    if option is not None:
         readings = _choice_readings(sample.response, truncated)
-        return 1.0 if any(choice_letters(r) == {letter} for r in readings) else 0.0
+        return 1.0 if any(_names_option(r, *option, opts) for r in readings) else 0.0
     if opts.tolerance == 0 and _ASKS_APPROXIMATION.search(sample.prompt or ""):
         opts = MathOptions(opts.percent_policy, opts.tolerance, approximate=True)
     readings = final_answers(sample.response, truncated, arity(label))

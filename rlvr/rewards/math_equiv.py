@@ -3,9 +3,15 @@
 A normalisation and structure layer in front of the math-verify library (which decides the
 algebra). Rules (``docs/rewards.md`` states them for users):
 
-- **Presentation is removed, never converted**: ``\\text{}`` wrappers, ``\\$``, degree marks,
-  thousands separators, TeX spaces, and units: a trailing ``\\text{...}`` or word(s) after a value
+- **Presentation is removed**: ``\\text{}`` wrappers, ``\\$``, degree marks, thousands
+  separators, TeX spaces, and units: a trailing ``\\text{...}`` or word(s) after a value
   (``5\\text{ cm}``, ``12\\pi \\text{ square units}``, ``45 km/h``). ``3 meters`` is not ``300``.
+  A unit converts only when both sides name a known unit of one kind (``125 cents`` = ``\\$1.25``,
+  ``60^\\circ`` = ``\\frac{\\pi}{3}``; ``math_units``).
+- **Other forms of one answer**: numbers and sets of reals in words ("twelve", "all real numbers
+  except 2"; ``math_words``), an equation of the same curve, a congruence for a residue, a
+  repeating decimal with an ellipsis (``x + 2y = 6``, ``x \\equiv 3 \\pmod 7``, ``0.1666...``;
+  ``math_forms``).
 - **Scale words and percent are values.** ``thousand``/``million``/``billion``/``trillion``
   multiply (``3.5 million`` = ``3500000``); since a label may count in that scale, the bare
   number also matches (``5 million`` vs a label ``5``). Percent follows ``--math-percent-policy``:
@@ -43,6 +49,18 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+from rlvr.rewards.math_forms import (
+    ELLIPSIS,
+    congruence_equal,
+    ellipsis_value,
+    mixed_to_fraction,
+    one_equation,
+    repeating_to_fraction,
+    same_curve,
+)
+from rlvr.rewards.math_units import in_common_unit
+from rlvr.rewards.math_words import spelled_answer, words_to_set
 
 MAX_ANSWER_CHARS = 400  # a longer "answer" is compared as a string only
 MATH_VERIFY_TIMEOUT = 5  # seconds, per parse / verify, main thread only
@@ -83,48 +101,18 @@ _SIMPLE_LHS = re.compile(
     r"\s*=\s*(?!.*=)"
 )
 _ASSIGNMENTS = re.compile(r"^\s*[a-z]\s*=\s*[^,=]+(?:,\s*[a-z]\s*=\s*[^,=]+)+$")
-_REPEATING = re.compile(r"^(-?)(\d*)\.(\d*)\\overline\{(\d+)\}$")
-_MIXED = re.compile(r"^(-?)(\d+)\s+(\d+)\s*/\s*(\d+)$|^(-?)(\d+)\s*\\frac\{(\d+)\}\{(\d+)\}$")
 _MATRIX = re.compile(r"^\\begin\{([pbBvV]?matrix)\}(.*)\\end\{\1\}$", re.DOTALL)
 _APPROX = re.compile(r"\\approx|≈")
 _SQRT_SIGN = re.compile(r"√\s*(\d+|[a-z]|\{[^{}]*\})")
+_ELLIPSIS = re.compile(ELLIPSIS)
+_ENDS_IN_ELLIPSIS = re.compile(rf"\d\s*{ELLIPSIS}\s*$")
+_DIGIT = re.compile(r"\d")
 # "approximately 42 minutes": the adverb says how the value was found, the value is still 42.
 _LEADING_ADVERB = re.compile(r"^(?:approximately|about|roughly|around|exactly|nearly|just|only)\s+", re.IGNORECASE)
 # -\frac{a}{b}, a/b, or a decimal: the forms compared exactly without sympy.
 _RATIONAL = re.compile(
     r"^(-?)\s*(?:\\frac\{\s*(-?\d+)\s*\}\{\s*(-?\d+)\s*\}|(-?\d+)\s*/\s*(-?\d+)|(-?(?:\d+(?:\.\d*)?|\.\d+)))$"
 )
-
-
-def _repeating_to_fraction(text: str) -> str:
-    """``0.\\overline{3}`` -> ``\\frac{1}{3}``: a repeating decimal as an exact fraction.
-
-    >>> _repeating_to_fraction("0.\\\\overline{3}"), _repeating_to_fraction("1.2\\\\overline{45}")
-    ('\\\\frac{1}{3}', '\\\\frac{137}{110}')
-    """
-    m = _REPEATING.match(text)
-    if not m:
-        return text
-    sign, whole, fixed, rep = m.groups()
-    value = Fraction(int(whole or 0)) + Fraction(int(fixed or 0), 10 ** len(fixed))
-    value += Fraction(int(rep), 10 ** len(fixed) * (10 ** len(rep) - 1))
-    return f"{sign}\\frac{{{value.numerator}}}{{{value.denominator}}}"
-
-
-def _mixed_to_fraction(text: str) -> str:
-    """``3 1/2`` or ``3\\frac{1}{2}`` (a proper fraction after a whole number) -> ``\\frac{7}{2}``.
-
-    >>> _mixed_to_fraction("3 1/2"), _mixed_to_fraction("-2\\\\frac{3}{4}"), _mixed_to_fraction("31/2")
-    ('\\\\frac{7}{2}', '-\\\\frac{11}{4}', '31/2')
-    """
-    m = _MIXED.match(text)
-    if not m:
-        return text
-    sign, whole, num, den = m.groups()[:4] if m.group(2) else m.groups()[4:]
-    if int(den) == 0 or int(num) >= int(den):
-        return text
-    value = int(whole) + Fraction(int(num), int(den))
-    return f"{sign}\\frac{{{value.numerator}}}{{{value.denominator}}}"
 
 
 def _vector_to_tuple(text: str) -> str:
@@ -176,6 +164,7 @@ def _close_braces(text: str) -> str:
     return "".join(out) + "}" * depth
 
 
+@functools.lru_cache(maxsize=16384)  # pure; one answer or label is cleaned several times per grading
 def _clean(answer: str) -> str:
     """Presentation that never carries meaning: dollar signs, ``\\left``, TeX spaces, ``\\dfrac``."""
     s = answer.replace("\u2212", "-").replace("\\$", "").replace("$", "").strip()
@@ -183,11 +172,19 @@ def _clean(answer: str) -> str:
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     s = s.replace("\\langle", "(").replace("\\rangle", ")")  # <2, 0, -1>: a vector is a tuple
     parts = _APPROX.split(s)  # "1/3 \approx 0.333": the value before the approximation
+    if not parts[0].strip() and _ENDS_IN_ELLIPSIS.search(s):
+        return s  # "\approx 0.333...": an approximation, not the repeating decimal
     s = parts[0].strip() or parts[-1].strip()
     s = _SQRT_SIGN.sub(r"\\sqrt{\1}", s.replace("±", "\\pm "))
-    return _LEADING_ADVERB.sub("", _close_braces(s)).strip()
+    s = _close_braces(s)
+    if not _ENDS_IN_ELLIPSIS.search(s):  # "approximately 0.333..." says it is not exactly 1/3
+        s = _LEADING_ADVERB.sub("", s).strip()
+    if not _DIGIT.search(s):
+        s = spelled_answer(s) or s  # "twelve" -> 12 (only a whole answer in number words)
+    return s.strip()
 
 
+@functools.lru_cache(maxsize=16384)  # pure, and called for the same strings by several rules
 def normalize(answer: str) -> str:
     """``answer`` without its presentation: units, ``%``, degrees, wrappers, separators.
 
@@ -215,7 +212,10 @@ def normalize(answer: str) -> str:
         s = f"{m.group(1)}\\times10^{{{int(m.group(2))}}}"
     if _ASSIGNMENTS.match(s):
         s = "(" + ",".join(part.split("=")[1].strip() for part in s.split(",")) + ")"
-    s = _mixed_to_fraction(_repeating_to_fraction(s.rstrip(".").strip()))
+    repeating = ellipsis_value(s)
+    if repeating is not None:  # "0.1666..." -> 1/6; "0.16..." shows no repetition and stays as written
+        return repeating if repeating != "?" else s
+    s = mixed_to_fraction(repeating_to_fraction(s.rstrip(".").strip()))
     return s.rstrip(".").strip()
 
 
@@ -224,6 +224,7 @@ def normalize(answer: str) -> str:
 _OPEN, _CLOSE = "([{", ")]}"
 _WORD_SPLIT = re.compile(r"\\text\s*\{\s*(or|and)\s*\}|\\lor\b|\\vee\b|\\land\b|\\wedge\b|\s(or|and)\s")
 _LEADING = re.compile(r"^\s*(?:either|both)\s+", re.IGNORECASE)
+_PLUS_MINUS = re.compile(r"\\pm(?![a-z])\s*")  # not \pmod
 
 
 def _top_level_splits(s: str) -> list[tuple[int, int, bool]]:
@@ -274,9 +275,9 @@ def split_values(text: str) -> tuple[list[str], bool]:
         piece = _LEADING.sub("", piece).strip()
         if len(pieces) > 1:
             piece = _SIMPLE_LHS.sub("", piece).strip()
-        if piece.count("\\pm") == 1 and "\\mp" not in piece:  # a \pm b names a + b and a - b
-            piece = _SIMPLE_LHS.sub("", piece.replace("\\pm ", "\\pm")).strip()
-            values += [piece.replace("\\pm", "+").removeprefix("+"), piece.replace("\\pm", "-")]
+        if len(_PLUS_MINUS.findall(piece)) == 1 and "\\mp" not in piece:  # a \pm b names a + b and a - b
+            piece = _SIMPLE_LHS.sub("", _PLUS_MINUS.sub(r"\\pm", piece)).strip()
+            values += [_PLUS_MINUS.sub("+", piece).removeprefix("+"), _PLUS_MINUS.sub("-", piece)]
         elif piece:
             values.append(piece)
     return values or [s], any(is_or for _, _, is_or in cuts)
@@ -304,9 +305,7 @@ _EMPTY = re.compile(
     r"(?:there (?:are|is) )?no(?:\s+real)?\s+(?:solutions?|roots?|values?|such \w+)(?: exists?)?",
     re.IGNORECASE,
 )
-_ALL_REALS = re.compile(
-    r"(?:the set of )?(?:all|any) real (?:numbers?|values?)|all reals|\\mathbb\s*\{?R\}?|ℝ", re.IGNORECASE
-)
+_SET_WORD = re.compile(r"\breal|\\mathbb|ℝ", re.IGNORECASE)
 _RELATION = re.compile(r"<|>|\\le|\\ge|\\lt|\\gt|≤|≥")
 
 
@@ -323,9 +322,11 @@ def is_empty_set(answer: str) -> bool:
 
 
 def _set_words(answer: str) -> str:
-    """"all real numbers" (also ``\\mathbb{R}``) as the interval it names; anything else unchanged."""
-    s = _WRAPPERS.sub("", _clean(answer)).replace("{", "").replace("}", "").strip(" .")
-    return "(-\\infty,\\infty)" if _ALL_REALS.fullmatch(s) else answer
+    """A set of reals in words ("all real numbers except 2", ``\\mathbb{R}``) as the interval it
+    names (``math_words``); anything else unchanged."""
+    if not _SET_WORD.search(answer):
+        return answer
+    return words_to_set(answer) or answer
 
 
 def _as_set(values: list[str], timeout: int | None):
@@ -373,7 +374,8 @@ def _scaled(answer: str, policy: str) -> tuple[str, Fraction, bool]:
     >>> _scaled("25\\\\%", "value"), _scaled("3.5 \\\\text{ million}", "value"), _scaled("25%", "number")
     (('25', Fraction(1, 100), True), ('3.5', Fraction(1000000, 1), True), ('25', Fraction(1, 1), False))
     """
-    s = _clean(answer).rstrip(".").strip()
+    s = _clean(answer)
+    s = s if _ENDS_IN_ELLIPSIS.search(s) else s.rstrip(".").strip()
     m = _PERCENT.search(s)
     if m and m.start() > 0:
         core = s[: m.start()].strip()
@@ -405,6 +407,12 @@ def same_value(answer: str, label: str, opts: MathOptions = DEFAULT, timeout: in
     if empty_a or empty_g:
         return empty_a and empty_g
     answer, label = _set_words(answer), _set_words(label)
+    congruent = congruence_equal(_clean(answer), _clean(label), _integer) if "mod" in answer + label else None
+    if congruent is not None:  # "x \equiv 3 \pmod 7" (math_forms)
+        return congruent
+    common = in_common_unit(answer, label)  # "125 cents" for "\$1.25" (math_units)
+    if common is not None:
+        return bool(common) and _core_equal(common[0], common[1], opts, timeout)
     a, fa, bare_a = _scaled(answer, opts.percent_policy)
     g, fg, bare_g = _scaled(label, opts.percent_policy)
     if fa == fg:
@@ -459,6 +467,11 @@ def _rational(text: str) -> tuple[Fraction, int | None] | None:
     return (-value if sign else value), places
 
 
+def _integer(text: str) -> int | None:
+    value = _rational(normalize(text))
+    return int(value[0]) if value is not None and value[0].denominator == 1 and value[1] is None else None
+
+
 def _numbers_equal(a: tuple[Fraction, int | None], g: tuple[Fraction, int | None], opts: MathOptions) -> bool:
     if a[0] == g[0]:
         return True
@@ -489,7 +502,8 @@ def _strip_lhs_unless_both(answer: str, label: str) -> tuple[str, str]:
 
 
 def _core_equal(answer: str, label: str, opts: MathOptions, timeout: int | None) -> bool:
-    a, g = _strip_lhs_unless_both(normalize(answer), normalize(label))
+    a_eq, g_eq = normalize(answer), normalize(label)
+    a, g = _strip_lhs_unless_both(a_eq, g_eq)
     if bool(_MATRIX.match(a)) != bool(_MATRIX.match(g)):  # a vector against a tuple: compare entries
         a, g = _vector_to_tuple(a), _vector_to_tuple(g)
     if not a or not g:
@@ -499,8 +513,12 @@ def _core_equal(answer: str, label: str, opts: MathOptions, timeout: int | None)
         return _numbers_equal(ra, rg, opts)
     if is_unsafe(a) or is_unsafe(g):
         return a.replace(" ", "") == g.replace(" ", "")
+    if _ELLIPSIS.search(a) or _ELLIPSIS.search(g):  # a decimal whose ellipsis names no exact value
+        return a.replace(" ", "") == g.replace(" ", "")
     if _math_verify(a, g, timeout):
         return True
+    if one_equation(a_eq) and one_equation(g_eq):  # "x + 2y = 6" for "y = -x/2 + 3" (math_forms)
+        return _same_curve(a_eq, g_eq, timeout)
     if opts.tolerance > 0 or opts.approximate:
         av, gv = _float_value(a, timeout), _float_value(g, timeout)
         if av is not None and gv is not None:
@@ -517,6 +535,12 @@ def _parse(expr: str, timeout: int | None) -> tuple:
         extraction_config=[LatexExtractionConfig(boxed_match_priority=-1), ExprExtractionConfig()],
         parsing_timeout=timeout,
     ))
+
+
+@functools.lru_cache(maxsize=8192)
+def _same_curve(answer: str, label: str, timeout: int | None) -> bool:
+    parsed_a, parsed_g = _parse(answer, timeout), _parse(label, timeout)
+    return bool(parsed_a and parsed_g) and same_curve(parsed_a[0], parsed_g[0])
 
 
 def _float_value(expr: str, timeout: int | None) -> float | None:
@@ -576,6 +600,10 @@ def is_equivalent(answer: str, label: str, opts: MathOptions = DEFAULT) -> bool:
     if len(answer) > 4 * MAX_ANSWER_CHARS:  # not a final answer anyone writes; no regex work on it
         return answer.strip() == label.strip()
     t = timeout()
+    answer, label = _set_words(answer), _set_words(label)  # before splitting: "all reals except 2 and 3"
+    common = in_common_unit(answer, label)  # before "\$" is cleaned away: "125 cents" for "\$1.25"
+    if common is not None:
+        return bool(common) and _core_equal(common[0], common[1], opts, t)
     a_values, a_or = split_values(answer)
     g_values, _ = split_values(label)
     if (len(a_values) > 1 or len(g_values) > 1) and (_relations(a_values) or _relations(g_values)):

@@ -24,7 +24,12 @@ Rules, in order (``docs/rewards.md`` states them for users):
 5. **No final statement, no answer.** The last-number fallback reads only the last sentence,
    and only when the response ends like a finished statement (a period, a number, a closed math
    span); reasoning that stops mid-sentence ("... so 3x = 15 and") has no final answer however
-   many numbers it contains.
+   many numbers it contains. The final statement's value may be a set of reals in words ("... is
+   all real numbers except $x = 2$"), a plain-text expression that ends it ("... simplifies to
+   (x + 1)/x", with a variable or function; "4 x 6 = 24" is arithmetic), a number with an
+   ellipsis or a modulus ("0.1666...", "3 (mod 7)"), a number and the unit word after it
+   ("350 cents"), or, when it has no digits, a number in words ("... twelve apples left";
+   not the pronoun in "each one").
 
 Everything here is string work on the response; what counts as *equal* is ``math_equiv``.
 """
@@ -32,6 +37,14 @@ Everything here is string work on the response; what counts as *equal* is ``math
 from __future__ import annotations
 
 import re
+
+from rlvr.rewards.math_units import UNIT_WORDS
+from rlvr.rewards.math_words import (
+    set_phrase_at,
+    spell_numbers,
+    words_to_number,
+    words_to_set,
+)
 
 MAX_SCAN_CHARS = 20_000  # markers and boxes are searched in this tail of the response
 FALLBACK_TAIL = 300  # the final statement is read only in this tail
@@ -43,10 +56,18 @@ _MARKER = re.compile(r"\banswer\b\s*(?:is\b\s*:?|:|=)[\s*]*", re.IGNORECASE)
 _HASHES = re.compile(r"####[ \t]*([^\n]*)")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _MATH_SPAN = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
-_NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:\s+\d+/\d+|/\d+)?%?")
+# A number of a final statement: "1,250", "3 1/2", "25%", "0.1666\ldots" (with the adverb that makes it
+# approximate, "approximately 0.333\ldots"), "3 (mod 7)".
+_NUMBER = re.compile(
+    r"(?:(?:approximately|about|roughly|around|nearly|≈)\s*(?=-?\d*\.\d+\\ldots))?"
+    r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:\s+\d+/\d+|/\d+)?%?(?:\\ldots)?(?:\s*\(\s*mod\s+\d+\s*\))?"
+)
+_ELLIPSIS_AFTER_DECIMAL = re.compile(r"(\d\.\d+)\s*(?:\.{3}|…)")
+# A unit word right after the last number of a final statement ("350 cents"): math_units converts it.
+_UNIT_AFTER = re.compile(r"\s+({})\b".format("|".join(sorted(UNIT_WORDS, key=len, reverse=True))), re.IGNORECASE)
 # Where an answer after a marker stops: a sentence end, a new line, or an explanation.
-_SENTENCE_END = re.compile(
-    r"\.(?:\s|$)|\n|;|,\s+(?=[a-z]{2,})|\s+\((?!\w\))|"
+_SENTENCE_END = re.compile(  # an ellipsis ("0.1666...") and "(mod 7)" do not end the answer
+    r"(?<!\.)\.(?:\s|$)|\n|;|,\s+(?=[a-z]{2,})|\s+\((?!\w\)|\s*mod\b)|"
     r"\s+(?:because|since|which|as|where|so|but|depending|if|when|assuming)\b"
 )
 # An explanation clause in a final statement: what follows it is not the answer.
@@ -58,6 +79,12 @@ _ALTERNATIVE = re.compile(
     r"(?:but|though|although)?\s*(?:it|this|that)?\s*(?:might|could|may)\s+(?:also\s+)?be)\b[\s,]*"
     r"(?:maybe|possibly|perhaps|else)?\s*"
     r"(?!(?:equivalently|about|approximately|roughly|around|simplified|written|expressed|in\b|as\b|equal|i\.e))",
+    re.IGNORECASE,
+)
+# "..., though D is also possible": a second candidate named after the answer.
+_ALSO_POSSIBLE = re.compile(
+    r"^\s*\$?\s*[,;]?\s*\(?\s*(?:but|though|although|and|or)\s+(?=\S{1,40}?\s+(?:is|are|could be|might be|may be|"
+    r"would be|seems)\s+(?:also\s+)?(?:possible|correct|valid|right|plausible|an option))",
     re.IGNORECASE,
 )
 # Text allowed between two boxes (or two values of a final statement) of one answer.
@@ -167,10 +194,11 @@ def _alternative(rest: str) -> str | None:
     >>> _alternative(" (or 4 if order matters)"), _alternative(", or maybe 120."), _alternative(", or about 0.67")
     ('4', '120', None)
     """
-    m = _ALTERNATIVE.match(rest[:200])
+    m = _ALTERNATIVE.match(rest[:200]) or _ALSO_POSSIBLE.match(rest[:200])
     if m is None:
         return None
-    tail = rest[m.end() : m.end() + 120]
+    tail = re.sub(r"^(?:just|only|simply|even)\s+", "", rest[m.end() : m.end() + 120])
+    tail = spell_numbers(tail)  # ", or maybe twenty-two": a number in words is an alternative too
     box = boxes(tail)
     if box and box[0][0] < 5:
         return box[0][2].strip()
@@ -261,11 +289,16 @@ def _after_marker(text: str, truncated: bool) -> str | None:
     if end is None and truncated:
         return None  # "So the answer is 12" at the cut may have been "120"
     answer = (rest[: end.start()] if end else rest).strip().strip("*").strip()
-    if len(answer.split()) >= 3 and not re.search(r"[\d\\$]", answer):
+    if len(answer.split()) >= 3 and not re.search(r"[\d\\$]", answer) and not _in_words(answer):
         return None  # "the answer: it must be even" is prose, not an answer
     if not answer:
         return None
     return _with_alternative(answer, rest[end.start() :]) if end else answer
+
+
+def _in_words(answer: str) -> bool:
+    """Whether ``answer`` is a number or a set of reals written in words ("one hundred twenty")."""
+    return words_to_number(answer) is not None or words_to_set(answer) is not None
 
 
 def _after_hashes(text: str, truncated: bool) -> str | None:
@@ -295,8 +328,10 @@ def _ends_a_statement(text: str) -> bool:
     tail = text.rstrip("*").rstrip()
     if not tail:
         return False
-    if tail[-1] in ".!$}])0123456789" or tail.endswith("\\)") or tail.endswith("\\]"):
+    if tail[-1] in ".!$}])0123456789…" or tail.endswith("\\)") or tail.endswith("\\]"):
         return True
+    if re.search(r"[-+*/^]\s*[A-Za-z]$", tail):
+        return True  # an expression that ends in a variable: "... simplifies to (x + 1)/x"
     words = re.match(r".*\d((?:\s+[A-Za-z]+){1,3})$", tail[-80:], re.DOTALL)
     return bool(words) and not any(w.lower() in _DANGLING for w in words.group(1).split())
 
@@ -321,22 +356,45 @@ def _final_statement(text: str) -> str | None:
     '3, 5, or 7'
     >>> _final_statement("Then 12 + 5 = 17. Now we need to divide by") is None
     True
+    >>> _final_statement("So the total is twelve."), _final_statement("So x ≡ 3 (mod 7)."), _final_statement("It is 1/6 = 0.1666...")
+    ('12', '3 (mod 7)', '0.1666\\\\ldots')
+    >>> _final_statement("It simplifies to (x + 1)/x."), _final_statement("So the domain is all real numbers except 2.")
+    ('(x + 1)/x', 'all real numbers except 2')
     """
     tail = text[-FALLBACK_TAIL:]
     if not _ends_a_statement(tail):
         return None
-    sentence = _last_sentence(tail)
+    sentence = _last_sentence(_ELLIPSIS_AFTER_DECIMAL.sub(r"\1\\ldots", tail))
+    in_words = _set_in_words(sentence)
+    if in_words:
+        return in_words
     clause = _CLAUSE.search(sentence)
     if clause and re.search(r"\d|\$|\\", sentence[: clause.start()]):
         sentence = sentence[: clause.start()]
-    spans = [(m.start(), m.end()) for m in _MATH_SPAN.finditer(sentence)]
-    numbers = [(m.start(), m.end()) for m in _NUMBER.finditer(sentence)
-               if not any(a <= m.start() < b for a, b in spans)]
-    values = sorted(spans + numbers)
+    expression = _plain_expression(sentence)
+    if expression:
+        return expression
+    values = _values(sentence)
+    if not values:  # no digits: a number in words ("So she has twelve apples left.")
+        sentence = spell_numbers(sentence, keep=_counts, plain=True)
+        values = _values(sentence)
     if not values:
         if re.search(r"\bno (?:real )?(?:solutions?|roots?)\b", sentence, re.IGNORECASE):
             return "\\text{no solution}"
         return None
+    return _stated(sentence, values)
+
+
+def _values(sentence: str) -> list[tuple[int, int]]:
+    """Where the math spans and the numbers outside them are in ``sentence``, in order."""
+    spans = [(m.start(), m.end()) for m in _MATH_SPAN.finditer(sentence)]
+    numbers = [(m.start(), m.end()) for m in _NUMBER.finditer(sentence)
+               if not any(a <= m.start() < b for a, b in spans)]
+    return sorted(spans + numbers)
+
+
+def _stated(sentence: str, values: list[tuple[int, int]]) -> str:
+    """The last value of the sentence, or its last values joined by connectors (a list or a hedge)."""
     first = len(values) - 1
     while first > 0 and is_connector(sentence[values[first - 1][1] : values[first][0]]):
         first -= 1
@@ -347,7 +405,77 @@ def _final_statement(text: str) -> str | None:
     span = _MATH_SPAN.fullmatch(sentence[a:b])
     if span:
         return next(g for g in span.groups() if g is not None).strip()
-    return sentence[a:b].replace(",", "")
+    unit = _UNIT_AFTER.match(sentence, b)  # "350 cents": a unit math_units can convert
+    dollar = "\\$" if sentence[max(a - 2, 0) : a] == "\\$" else ""
+    return dollar + sentence[a:b].replace(",", "") + (" " + unit.group(1) if unit else "")
+
+
+# Where a set in words ends: an explanation, or a new clause after a comma.
+_SET_END = re.compile(r",?\s+(?:because|since|which|as|so|but|if|when|given)\b|,\s+(?!and\b|or\b)(?=[a-z]{2,})")
+
+
+def _set_in_words(sentence: str) -> str | None:
+    """The set of reals the sentence ends on, in words ("... is all real numbers except $x = 2$")."""
+    at = set_phrase_at(sentence)
+    if at is None:
+        return None
+    phrase = sentence[at:]
+    end = _SET_END.search(phrase)
+    if end:
+        if re.search(r"\d|\$", phrase[end.start() :]):
+            return None  # a value follows: "x can be any real number, so the minimum is 3"
+        phrase = phrase[: end.start()]
+    phrase = phrase.replace("$", "").strip()
+    return phrase if words_to_set(phrase) else None
+
+
+_DETERMINERS = frozenset("each every which the this that no any some another one someone".split())
+
+
+def _counts(m: re.Match) -> bool:
+    """Whether a run of number words in a final statement is a number, not the pronoun "one"
+    ("each one", "one of them") or the article ("a third box")."""
+    run = m.group().lower()
+    before = m.string[: m.start()].split()[-1:]
+    after = m.string[m.end() :].split()[:1]
+    if run == "one" and (before and before[0].lower() in _DETERMINERS or after and after[0].lower() in (
+            "of", "another", "by", "at", "more", "less", "way")):
+        return False
+    return not (run.startswith("a ") and after and after[0].lower() != "of")
+
+
+_PLAIN_TOKEN = re.compile(r"\s+|\d+(?:\.\d+)?|[A-Za-z]+|[-+*/^=()√π,]|.", re.DOTALL)
+_FUNCTIONS = frozenset("sqrt cbrt sin cos tan log ln exp pi".split())
+# Two-letter words that are English or units, not a product of two variables ("ab").
+_NOT_VARIABLES = frozenset("is it of to in on at as be by we so an if do no up us he am me my go".split()) | {
+    w.lower() for w in UNIT_WORDS}
+_PLAIN_LHS = re.compile(r"^\s*[A-Za-z](?:\s*\(\s*[A-Za-z]\s*\))?\s*=\s*")
+_TIMES_X = re.compile(r"\d\s+[x×]\s+\d")  # "4 x 6 = 24": x is the times sign
+
+
+def _plain_math(token: str) -> bool:
+    if token.isspace() or token in "-+*/^=()√π," or token[0].isdigit():
+        return True
+    low = token.lower()
+    return token.isalpha() and (len(token) == 1 or low in _FUNCTIONS or low == "or" or (
+        len(token) == 2 and low not in _NOT_VARIABLES))
+
+
+def _plain_expression(sentence: str) -> str | None:
+    """The expression in plain text that ends the sentence ("... simplifies to (x + 1)/x", "2*sqrt(3)",
+    "y - 3 = 2(x - 1)"), when it has a variable or function; None for numbers alone ("3 + 4 = 7")."""
+    tokens = _PLAIN_TOKEN.findall(sentence[-160:])
+    i = len(tokens)
+    while i > 0 and _plain_math(tokens[i - 1]):
+        i -= 1
+    run = re.sub(r"^(?:(?:or\b|[,*/^=+)])\s*)+", "", "".join(tokens[i:]).strip())
+    run = re.sub(r"^[aAI]\s+(?![-+*/^=])", "", run)  # the article or pronoun: "we get a (x + 1)/x"
+    if not run or run.count("(") != run.count(")") or _TIMES_X.search(run) or re.search(r"(?:\bor|[-+*/^=(,])$", run):
+        return None
+    body = _PLAIN_LHS.sub("", run)  # "f(x) = x^2 + 1": the body must still be an expression
+    if not re.search(r"[A-Za-z√π]", body) or not re.search(r"[-+*/^=(]|sqrt|\d[A-Za-z]", body):
+        return None
+    return run
 
 
 def _answers_in(text: str, truncated: bool, label_parts: int, fallback: bool) -> list[str]:
