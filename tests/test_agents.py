@@ -198,7 +198,7 @@ def test_abort_in_the_middle_of_a_multi_turn_sample_regenerates_it(tiny_qwen2):
 
     async def abort_during_turn_2():
         task = asyncio.create_task(rollout.run_group(group, params, True))
-        while engine.steps < 20:  # turn 1 is 3 steps: now both samples decode turn 2
+        while engine.steps < 20 and not task.done():  # turn 1 is 3 steps: now both samples decode turn 2
             await asyncio.sleep(0.002)
         engine.abort()
         await task
