@@ -23,6 +23,8 @@ repeat up to ``--max-turns`` model turns within ``--rollout-max-response-len`` t
 response. Bad model output is data, not a crash: malformed JSON, an unknown tool, wrong
 arguments, a tool that raises or runs past ``--tool-timeout`` each give the model an error
 observation (``{"error": ...}``) and count in ``metadata["tool_errors"]`` (``rollout/tool_errors``).
+A sync tool runs where the rollout never waits for it past the timeout (``rlvr.agents.tool_runner``:
+a thread it abandons, or with ``--tool-executor process`` a worker process it kills).
 
 ``python`` is a code-interpreter tool that runs its code in the ``code`` reward's sandbox
 (``rlvr.rewards.sandbox.run_program``) with the ``--code-*`` limits: the same guarantees (process,

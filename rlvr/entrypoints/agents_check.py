@@ -27,15 +27,14 @@ _WIDTH = 100
 def _parse(argv: list[str]):
     from rlvr.runtime.configure import config_from_values, make_parser, merged_values
 
-    p = argparse.ArgumentParser(prog="rlvr agents check", add_help=False)
-    p.add_argument("function", nargs="?", help="module:fn, the same as --custom-generate-function-path module:fn")
-    p.add_argument("--check-samples", type=int, default=1, help="samples of the first prompt to run (default 1)")
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         raise SystemExit(0)
-    own, rest = p.parse_known_args(argv)
-    if own.function is not None and own.function.startswith("-"):
-        own.function, rest = None, [own.function] + rest
+    function = argv[0] if not argv[0].startswith("-") else None  # module:fn, first or not at all
+    p = argparse.ArgumentParser(prog="rlvr agents check", add_help=False)
+    p.add_argument("--check-samples", type=int, default=1, help="samples of the first prompt to run (default 1)")
+    own, rest = p.parse_known_args(argv[1:] if function else argv)
+    own.function = function
     values = merged_values(make_parser("rlvr agents check").parse_args(rest))
     if own.function is not None:
         values["custom_generate_function_path"] = own.function
