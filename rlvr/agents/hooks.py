@@ -161,17 +161,23 @@ class Agent:
             out = await call_maybe_async(self.generate_fn, self.cfg, s, sampling_dict(params))
             if handle.session in self._open_sessions and isinstance(out, Sample) and not out.response_ids:
                 self.proxy.fill(handle.session, out)  # an OpenAI-client agent: its recorded calls are the sample
+            if handle.aborted and isinstance(out, Sample):
+                out.status = Status.ABORTED  # a turn was cut: the sample is regenerated, never trained
             out = checked_sample(out, s, self.failures.where, params.max_new_tokens, self.tokenizer)
         except ConfigError:
             raise
         except Exception as e:  # noqa: BLE001 - a user's hook: contained, counted and logged
+            if handle.aborted:  # it tripped over a cut turn: regenerated like any aborted sample
+                reset(s)
+                s.status = Status.ABORTED
+                return s
             return self.failures.fail(s, e)
         finally:
             _CONTEXT.reset(token)
             if self._open_sessions.pop(handle.session, None) is not None:
                 self.proxy.close(handle.session)
-        if handle.aborted and out.status != Status.ABORTED:
-            out.status = Status.ABORTED  # a turn was cut: the sample is regenerated, never trained
+        if handle.aborted:
+            out.status = Status.ABORTED  # (a list of one sample, unpacked by the check)
         out.metadata.setdefault("turns", sum(1 for _, _, t in out.segments() if t))
         return out
 
