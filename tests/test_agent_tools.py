@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -152,7 +153,9 @@ def test_builtin_tool_loop_turns_bad_calls_into_observations(tiny_qwen2):
         assert engine.prompts[-1] == s.prompt_ids + s.response_ids[: s.segments()[-1][0]]
     m = rollout_metrics(group, 2, "rollout/")
     assert m["rollout/turns/mean"] == 2 and m["rollout/tool_calls/mean"] == 6 and m["rollout/tool_errors"] == 10
-    assert m["rollout/tool_calls/multiply"] == 4 and m["rollout/tool_calls/<malformed>"] == 2
+    assert m["rollout/tool_calls/multiply"] == 4  # per-tool counts name only tools that exist
+    tool_keys = sorted(k.rpartition("/")[2] for k in m if k.startswith("rollout/tool_calls/"))
+    assert tool_keys == ["boom", "mean", "multiply", "slow"]  # not 'divide' (unknown) nor '<malformed>'
 
 
 def test_max_turns_and_the_token_budget_bound_the_loop(tiny_qwen2):
@@ -193,6 +196,111 @@ def test_environment_protocol(tiny_qwen2):
         assert s.prompt == "<|im_start|>user\nguess<|im_end|>\n<|im_start|>assistant\n"
         assert [t for _, _, t in s.segments()] == [True, False, True, False, True]
         assert s.reward == 1.5 and s.metadata["env_rewards"] == [0.5, 0.5, 0.5] and s.metadata["turns"] == 3
+
+
+# ---- a sync tool past --tool-timeout never holds the rollout ------------------------------------
+RELEASE = threading.Event()  # what the hung thread-executor tool waits on (set by its test)
+
+
+def hang(x: str = "") -> str:
+    """Hangs (30 s, or until the test releases it)."""
+    RELEASE.wait(30)
+    return "late"
+
+
+def sleep30(x: str = "") -> str:
+    """A plain sync tool that sleeps 30 s."""
+    time.sleep(30)
+    return "late"
+
+
+HANGING = [multiply, hang, sleep30]
+
+
+def _rollout_time(tiny_qwen2, tool: str, **agent_kw) -> tuple[float, float, object, object]:
+    """(perf/rollout_time, CPU seconds, the first sample, the agent) of one rollout of 2 samples whose first turn
+    calls ``tool``, with --tool-timeout 0.5."""
+    call = '<tool_call>{"name": "%s", "arguments": {%s}}</tool_call>' % (
+        tool, '"a": 2, "b": 3' if tool == "multiply" else "")
+    rollout, _, _ = _agent(tiny_qwen2, [call, "6"], tools="tests.test_agent_tools:HANGING", tool_timeout=0.5, **agent_kw)
+    rollout.cfg.rollout_batch_size = 1
+    cpu = time.process_time()
+    batch = rollout.generate(0)
+    return batch.metrics["perf/rollout_time"], time.process_time() - cpu, batch.samples[0], rollout.agent
+
+
+def _threads(prefix: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(prefix)]
+
+
+def test_a_hung_sync_tool_on_a_thread_is_abandoned_at_the_timeout(tiny_qwen2):
+    """--tool-executor thread: the rollout ends at the timeout, not when the tool returns; the
+    abandoned thread ends when the tool does (nothing joins it, nothing is left after)."""
+    from rlvr.agents.tool_runner import abandoned_threads
+
+    import importlib
+
+    release = importlib.import_module("tests.test_agent_tools").RELEASE  # the module --tools imported
+    release.clear()
+    before = len(threading.enumerate())
+    fast, _, _, _ = _rollout_time(tiny_qwen2, "multiply")
+    slow, cpu, s, _ = _rollout_time(tiny_qwen2, "hang")
+    print(f"thread executor: rollout {fast:.2f} s with a fast tool, {slow:.2f} s (CPU {cpu:.2f} s) with a hung one")
+    assert slow - fast < 2 and s.metadata["tool_errors"] == 1 and "timed out after 0.5 s" in s.response
+    assert len(_threads("rlvr-tool-hang")) == 2 and abandoned_threads() >= 2  # one per sample, still waiting
+    release.set()
+    for t in _threads("rlvr-tool-hang"):
+        t.join(10)
+    assert _threads("rlvr-tool-hang") == [] and len(threading.enumerate()) <= before
+
+
+def _children() -> dict[int, str]:
+    """This process's live child processes: {pid: command line}."""
+    me, out = str(os.getpid()), {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmd = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if fields[1] == me and fields[0] != "Z":
+            out[int(stat.parent.name)] = cmd
+    return out
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="counts child processes in /proc")
+def test_a_sync_tool_that_sleeps_30_s_is_killed_at_the_timeout(tiny_qwen2):
+    """--tool-executor process: the plain ``time.sleep(30)`` tool's worker is killed at 0.5 s; the
+    rollout takes about as long as with a fast tool, and no process outlives the agent."""
+    import multiprocessing
+
+    before = _children()
+    fast, _, _, agent = _rollout_time(tiny_qwen2, "multiply", tool_executor="process")
+    agent.close()
+    slow, cpu, s, agent = _rollout_time(tiny_qwen2, "sleep30", tool_executor="process")
+    print(f"process executor: rollout {fast:.2f} s with a fast tool, {slow:.2f} s (CPU {cpu:.2f} s) with sleep(30)")
+    assert slow - fast < 2 and s.metadata["tool_errors"] == 1 and "sleep30 timed out after 0.5 s" in s.response
+    assert agent.tool_processes.killed == 2  # one worker per sample, killed at the timeout
+    agent.close()
+    left = {pid: cmd for pid, cmd in _children().items() if pid not in before}
+    # multiprocessing's resource tracker: one helper per process, started with the first spawn
+    assert [cmd for cmd in left.values() if "resource_tracker" not in cmd] == [], left
+
+
+def test_a_tool_that_raises_in_its_worker_is_an_observation():
+    from rlvr.agents.tool_runner import ProcessTools
+
+    tools, workers = {f.__name__: f for f in TOOLS}, ProcessTools()
+
+    async def run(text):
+        return await run_tool(tools, parse_tool_calls(text)[0], 5.0, workers)
+
+    try:
+        assert asyncio.run(run('<tool_call>{"name": "multiply", "arguments": {"a": 6, "b": 7}}</tool_call>')) == ("42", True)
+        obs, ok = asyncio.run(run('<tool_call>{"name": "boom", "arguments": {"x": "y"}}</tool_call>'))
+        assert not ok and json.loads(obs)["error"] == "boom raised RuntimeError: kaput"
+    finally:
+        workers.close()
 
 
 # ---- a fork bomb through the python tool, fenced ----------------------------------------------------

@@ -23,7 +23,7 @@ async def openai_agent(args, sample, sampling_params):
     """An ordinary chat-completions agent: ask, run any tool calls, ask again (streamed)."""
     ctx = context()
     client = openai.AsyncOpenAI(base_url=ctx.openai_base_url, api_key="rlvr", max_retries=0)
-    messages = [{"role": "user", "content": sample.prompt}]
+    messages = ctx.messages(sample)  # the data's messages: sample.prompt is already templated
     first = await client.chat.completions.create(model="policy", messages=messages, tools=TOOL_SCHEMAS,
                                                  max_tokens=sampling_params["max_new_tokens"] // 4, temperature=sampling_params["temperature"])
     msg = first.choices[0].message
@@ -64,6 +64,29 @@ def test_openai_client_tool_calls_and_streaming_become_an_exact_sample(tiny_qwen
         assert "<|im_start|>tool\n408<|im_end|>" in s.response  # the tool result, as the template renders it
         assert engine.prompts[-1] == s.prompt_ids + s.response_ids[: segs[2][0]]  # turn 2 = exact ids of turn 1 + delta
         assert s.rollout_log_probs[segs[0][0]:segs[0][1]] == [-0.5] * segs[0][1] and s.status == Status.COMPLETED
+        # counted as the --tools loop counts its calls (rollout/tool_calls/*)
+        assert (s.metadata["tool_calls"], s.metadata["tool_errors"], s.metadata["tool_counts"]) == (1, 0, {"multiply": 1})
+
+
+def test_a_prompt_templated_twice_is_refused_with_what_to_send(tiny_qwen2):
+    """``sample.prompt`` under --apply-chat-template is already rendered: sent as a user message it
+    would be rendered twice, silently. The endpoint answers 400 saying what to send; the sample
+    fails (contained, with that message), the rollout goes on."""
+    from tests.test_agent_tools import _agent
+
+    rollout, engine, _ = _agent(tiny_qwen2, ["It is 408."], tools=None,
+                                custom_generate_function_path="tests.test_agents_openai:templated_twice")
+    group = rollout.next_groups(1)[0]
+    asyncio.run(rollout.run_group(group, rollout.sampling_params(), False))
+    assert engine.prompts == [] and all(s.status == Status.FAILED for s in group)
+    error = group[0].metadata["agent_error"]
+    assert "holds the chat template's '<|im_start|>user'" in error and "context().messages(sample)" in error
+
+
+async def templated_twice(args, sample, sampling_params):
+    client = openai.AsyncOpenAI(base_url=context().openai_base_url, api_key="rlvr", max_retries=0)
+    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": sample.prompt}])
+    return sample
 
 
 def test_streaming_is_token_by_token_and_recorded_exactly(tiny_qwen2):

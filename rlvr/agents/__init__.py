@@ -4,7 +4,7 @@
   log-probs) and environment/tool segments (loss mask 0).
 - ``turns.ChatTurns``: token-in/token-out turns (only new environment text is tokenized).
 - ``session.EngineHandle``: generate from token ids with log-probs, one session per sample.
-- ``hook_context``: ``context()``, what a user's function sees of its rollout.
+- ``agent_context``: ``context()``, what a user's function sees of its rollout.
 - ``hooks``: ``--custom-generate-function-path`` and ``--rollout-function-path`` (slime's shapes);
   ``context()`` inside them gives the engine handle, the tokenizer and the chat turns.
 - ``tools``: ``--tools`` (schemas from type hints, Hermes ``<tool_call>`` parsing, sandboxed Python).
@@ -15,7 +15,7 @@ Names are imported lazily, so importing the package loads none of its modules.
 
 from __future__ import annotations
 
-_LAZY = {"context": "hook_context", "AgentContext": "hook_context", "EvalData": "hooks", "EngineHandle": "session",
+_LAZY = {"context": "agent_context", "AgentContext": "agent_context", "EvalData": "hooks", "EngineHandle": "session",
          "ChatTurns": "turns", "tool_schema": "tools", "parse_tool_calls": "tools", "python_tool": "tools"}
 
 

@@ -27,7 +27,7 @@ class Environment(Protocol):
 
 
 async def generate_with_environment(cfg, sample: Sample, sampling_params: dict) -> Sample:
-    from rlvr.agents.hook_context import call_maybe_async, context
+    from rlvr.agents.agent_context import call_maybe_async, context
     from rlvr.core.registry import load_function
 
     ctx = context()
@@ -36,7 +36,7 @@ async def generate_with_environment(cfg, sample: Sample, sampling_params: dict) 
     if messages is not None:
         sample.prompt, sample.prompt_ids = ctx.turns.prompt_ids(messages)
     budget, rewards, status = sampling_params["max_new_tokens"], [], Status.COMPLETED
-    for turn in range(cfg.agent.max_turns):
+    for turn in range(cfg.agent.turns_limit):
         left = budget - sample.response_length
         if left <= 0:
             status = Status.TRUNCATED
@@ -52,7 +52,7 @@ async def generate_with_environment(cfg, sample: Sample, sampling_params: dict) 
         rewards.append(float(reward))
         if done:
             break
-        if turn == cfg.agent.max_turns - 1:
+        if turn == cfg.agent.turns_limit - 1:
             status = Status.TRUNCATED
             break
         msgs = [{"role": "user", "content": obs}] if isinstance(obs, str) else list(obs)

@@ -42,9 +42,11 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
-from rlvr.agents.hook_context import _CONTEXT, AgentContext, call_maybe_async, sampling_dict
+from rlvr.agents.agent_context import _CONTEXT, AgentContext, call_maybe_async, sampling_dict
+from rlvr.agents.contract import FailureLog, check_failure_limit, check_signature, checked_sample, hook_name, reset
 from rlvr.agents.session import EngineHandle
 from rlvr.engine.base import SamplingParams
+from rlvr.core.errors import ConfigError
 from rlvr.core.registry import load_function
 from rlvr.core.types import Sample, Status
 
@@ -55,14 +57,6 @@ async def _awaited(x):
     return await x
 
 
-def reset(s: Sample) -> None:
-    """Drop a sample's response (to regenerate it from its prompt)."""
-    s.response, s.response_ids, s.rollout_log_probs, s.loss_mask, s.weight_versions = "", [], [], [], []
-    s.reward, s.status, s.train_metadata = None, Status.COMPLETED, {}
-    for k in ("turns", "tool_calls", "tool_errors", "tool_counts", "engine_error"):
-        s.metadata.pop(k, None)
-
-
 class Agent:
     """The hooks of one rollout: which function generates a sample, or the whole rollout."""
 
@@ -70,11 +64,11 @@ class Agent:
         a = cfg.agent
         self.cfg, self.engine, self.tokenizer, self.rollout = cfg, engine, tokenizer, rollout
         self.generate_fn: Callable | None = None
-        self.rollout_fn = load_function(a.rollout_function_path, "--rollout-function-path") if a.rollout_function_path else None
+        self.rollout_fn = _hook(a.rollout_function_path, "--rollout-function-path")
         # slime's --eval-function-path: the rollout function of evaluation only (default the one above)
-        self.eval_fn = (load_function(cfg.eval.eval_function_path, "--eval-function-path")
-                        if cfg.eval.eval_function_path else self.rollout_fn)
-        self.turns = None
+        self.eval_fn = _hook(cfg.eval.eval_function_path, "--eval-function-path") or self.rollout_fn
+        self.turns, self.tools, self.tool_processes = None, {}, None
+        self.failures = FailureLog(hook_name(a), cfg.reward.reward_failure_value) if a.per_sample else None
         self._proxy_lock, self._open_sessions = threading.Lock(), {}
         if a.tools or a.environment_path or cfg.data.apply_chat_template:
             from rlvr.agents.turns import ChatTurns
@@ -84,6 +78,12 @@ class Agent:
                 from rlvr.agents.tools import load_tools, tool_schemas
 
                 self.tools = load_tools(a.tools)
+                if a.tool_executor == "process":  # sync tools in worker processes killed at --tool-timeout
+                    from rlvr.agents.tool_runner import ProcessTools
+                    from rlvr.agents.tools import check_process_tools
+
+                    check_process_tools(self.tools)
+                    self.tool_processes = ProcessTools()
                 for tool in self.tools.values():
                     if hasattr(tool, "configure"):  # the python tool takes the --code-* sandbox limits
                         tool.configure(cfg)
@@ -93,7 +93,7 @@ class Agent:
             # Refuses at start-up a template that is not prefix-preserving for tool/user turns.
             self.turns = ChatTurns(tokenizer, tools, cfg.data.chat_template_kwargs())
         if a.custom_generate_function_path:
-            self.generate_fn = load_function(a.custom_generate_function_path, "--custom-generate-function-path")
+            self.generate_fn = _hook(a.custom_generate_function_path, "--custom-generate-function-path")
         elif a.tools:
             from rlvr.agents.tools import generate_with_tools
 
@@ -102,6 +102,11 @@ class Agent:
             from rlvr.agents.environment import generate_with_environment
 
             self.generate_fn = generate_with_environment
+
+    def close(self) -> None:
+        """Stop what the agent started: the ``--tool-executor process`` workers."""
+        if self.tool_processes is not None:
+            self.tool_processes.close()
 
     @property
     def proxy(self):
@@ -118,6 +123,9 @@ class Agent:
                 return cache[key]
 
             self._proxy = OpenAIProxy(self.engine, self.tokenizer, turns)
+            # The openai client's httpx logs one INFO line per request: one per turn of every sample.
+            if logging.getLogger("httpx").level == logging.NOTSET:
+                logging.getLogger("httpx").setLevel(logging.WARNING)
         return self._proxy
 
     def openai_session(self, handle: EngineHandle) -> str:
@@ -144,30 +152,39 @@ class Agent:
             group[i] = s
 
     async def _one(self, s: Sample, params: SamplingParams) -> Sample:
+        """One sample through the generate function. A failure of the function (it raised, or
+        returned a bad sample: ``rlvr.agents.contract``) fails this sample only; a ConfigError
+        (a setting every sample would trip over) stops the run."""
         handle = EngineHandle(self.engine, self.tokenizer, session=s.uid or f"i{s.index}")
         token = _CONTEXT.set(self._context(handle))
         try:
             out = await call_maybe_async(self.generate_fn, self.cfg, s, sampling_dict(params))
+            if handle.session in self._open_sessions and isinstance(out, Sample) and not out.response_ids:
+                self.proxy.fill(handle.session, out)  # an OpenAI-client agent: its recorded calls are the sample
+            if handle.aborted and isinstance(out, Sample):
+                out.status = Status.ABORTED  # a turn was cut: the sample is regenerated, never trained
+            out = checked_sample(out, s, self.failures.where, params.max_new_tokens, self.tokenizer)
+        except ConfigError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a user's hook: contained, counted and logged
+            if handle.aborted:  # it tripped over a cut turn: regenerated like any aborted sample
+                reset(s)
+                s.status = Status.ABORTED
+                return s
+            return self.failures.fail(s, e)
         finally:
             _CONTEXT.reset(token)
-            url = self._open_sessions.pop(handle.session, None)
-        if url is not None:  # an agent that used the OpenAI endpoint: its recorded calls are the sample
-            if isinstance(out, Sample) and not out.response_ids:
-                self.proxy.fill(handle.session, out)
-            self.proxy.close(handle.session)
-        if isinstance(out, list):
-            if len(out) != 1:
-                raise ValueError(f"{self.cfg.agent.custom_generate_function_path} returned {len(out)} samples for sample "
-                                 f"{s.uid or s.index}; rlvr trains groups of --n-samples-per-prompt samples, so a "
-                                 "generate function returns exactly one sample")
-            out = out[0]
-        if not isinstance(out, Sample):
-            raise TypeError(f"the generate function returned {type(out).__name__}, not a Sample")
-        if handle.aborted and out.status != Status.ABORTED:
-            out.status = Status.ABORTED  # a turn was cut: the sample is regenerated, never trained
-        out.check()
+            if self._open_sessions.pop(handle.session, None) is not None:
+                self.proxy.close(handle.session)
+        if handle.aborted:
+            out.status = Status.ABORTED  # (a list of one sample, unpacked by the check)
         out.metadata.setdefault("turns", sum(1 for _, _, t in out.segments() if t))
         return out
+
+    def check_failures(self, samples: list[Sample], what: str) -> None:
+        """Stop the run when more than --agent-failure-limit of ``samples`` failed in the hook."""
+        if self.failures is not None:
+            check_failure_limit(samples, what, self.cfg.agent.agent_failure_limit, self.failures.where)
 
     # ---- the whole rollout --------------------------------------------------------------------
     def run_rollout(self, rollout_id: int | None, data_source, evaluation: bool = False):
@@ -193,6 +210,15 @@ class Agent:
                 s.check()
                 s.metadata.setdefault("score", s.scalar_reward())
         return groups, dict(metrics or {})
+
+
+def _hook(path: str | None, flag: str) -> Callable | None:
+    """The user function ``path`` of ``flag``, its signature checked (``rlvr.agents.contract``)."""
+    if path is None:
+        return None
+    fn = load_function(path, flag)
+    check_signature(fn, flag, path)
+    return fn
 
 
 @dataclass

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 
 from aiohttp import web
 
-from rlvr.engine.chat import openai_tool_call, split_tool_calls, template_message
+from rlvr.engine.chat import openai_tool_call, parse_tool_calls, split_tool_calls, template_message
 from rlvr.engine.base import GenerateResult, SamplingParams
 from rlvr.engine.streaming import TextStream
 from rlvr.core.types import Sample
@@ -58,6 +58,10 @@ class Session:
     restarts: int = 0
     calls: int = 0
     budget: int = 1 << 30  # response tokens of the whole session (--rollout-max-response-len)
+    tools: list[dict] | None = None  # the last call's tools
+    tool_calls: int = 0  # tool calls the model wrote (rollout/tool_calls/*, as the --tools loop counts them)
+    tool_errors: int = 0  # of those, malformed or naming a tool the call did not offer
+    tool_counts: dict[str, int] = field(default_factory=dict)
 
     @property
     def context_ids(self) -> list[int]:
@@ -118,6 +122,7 @@ class OpenAIProxy:
             sample.append_segment(ids, trainable=trainable, log_probs=lps, weight_versions=versions, text=text)
         sample.metadata["turns"] = sum(1 for seg in s.segments if seg[1])
         sample.metadata["openai_calls"] = s.calls
+        sample.metadata.update(tool_calls=s.tool_calls, tool_errors=s.tool_errors, tool_counts=dict(s.tool_counts))
         if s.restarts:
             sample.metadata["openai_restarts"] = s.restarts
         return sample
@@ -177,6 +182,10 @@ class OpenAIProxy:
             params.check()
         except (ValueError, KeyError, TypeError) as e:
             return web.json_response({"error": {"message": f"bad request: {e}"}}, status=400)
+        turns = self.turns_factory(tools)
+        if (rendered := _rendered_already(messages, turns.markers)) is not None:
+            return web.json_response({"error": {"message": rendered}}, status=400)
+        s.tools = tools
         ids = self._context(s, messages, tools)
         left = s.budget - (len(ids) - len(s.prompt_ids))
         params = replace(params, max_new_tokens=min(params.max_new_tokens, max(left, 1)))
@@ -202,6 +211,7 @@ class OpenAIProxy:
         if result.token_ids:
             s.segments.append((list(result.token_ids), True, list(result.log_probs), list(result.weight_versions), text))
         s.calls += 1
+        self._count_tool_calls(s, text)
         plain, calls = split_tool_calls(text)
         if content is None:
             content = plain
@@ -212,6 +222,16 @@ class OpenAIProxy:
         usage = {"prompt_tokens": len(ids), "completion_tokens": len(result.token_ids),
                  "total_tokens": len(ids) + len(result.token_ids)}
         return message, finish, usage
+
+    @staticmethod
+    def _count_tool_calls(s: Session, text: str) -> None:
+        offered = {t.get("function", {}).get("name") for t in s.tools or []}
+        for call in parse_tool_calls(text):
+            s.tool_calls += 1
+            if call.error is not None or call.name not in offered:
+                s.tool_errors += 1
+            else:
+                s.tool_counts[call.name] = s.tool_counts.get(call.name, 0) + 1
 
     async def _stream(self, request, s: Session, messages, ids, params, left, cid, created) -> web.StreamResponse:
         """``stream: true``: content deltas as the engine samples the tokens (``TextStream``: text
@@ -250,6 +270,22 @@ class OpenAIProxy:
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+
+def _rendered_already(messages: list[dict], markers: tuple[str, ...]) -> str | None:
+    """The error text when a message holds the chat template's own turn markers: the agent sent a
+    prompt the template had rendered (``sample.prompt`` under --apply-chat-template), which would
+    be rendered twice."""
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user"):
+            continue  # a model turn may hold such text as plain tokens (a random model does)
+        content = m.get("content")
+        hit = next((k for k in markers if isinstance(content, str) and k in content), None)
+        if hit is not None:
+            return (f"messages[{i}] ({m.get('role')}) holds the chat template's {hit!r}: it is a prompt already "
+                    "rendered by the template (sample.prompt under --apply-chat-template) and would be rendered "
+                    "twice; send context().messages(sample), the data's chat messages, instead")
+    return None
 
 
 async def _nothing():

@@ -23,6 +23,8 @@ repeat up to ``--max-turns`` model turns within ``--rollout-max-response-len`` t
 response. Bad model output is data, not a crash: malformed JSON, an unknown tool, wrong
 arguments, a tool that raises or runs past ``--tool-timeout`` each give the model an error
 observation (``{"error": ...}``) and count in ``metadata["tool_errors"]`` (``rollout/tool_errors``).
+A sync tool runs where the rollout never waits for it past the timeout (``rlvr.agents.tool_runner``:
+a thread it abandons, or with ``--tool-executor process`` a worker process it kills).
 
 ``python`` is a code-interpreter tool that runs its code in the ``code`` reward's sandbox
 (``rlvr.rewards.sandbox.run_program``) with the ``--code-*`` limits: the same guarantees (process,
@@ -40,7 +42,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from rlvr.agents.tool_runner import ProcessTools, ToolRaised, in_thread
 from rlvr.core.errors import ConfigError
+from rlvr.core.registry import load_object
 from rlvr.engine.chat import TOOL_CALL, TOOL_CALL_END, ToolCall, parse_tool_calls  # noqa: F401 (re-exported)
 from rlvr.core.types import Sample, Status
 
@@ -131,9 +135,13 @@ def tool_schemas(tools: dict[str, Callable]) -> list[dict]:
     return [tool_schema(fn) for fn in tools.values()]
 
 
+TOOLS_EXAMPLE = "my_tools:TOOLS (TOOLS = [multiply, search] in my_tools.py)"
+
+
 def load_tools(spec: str) -> dict[str, Callable]:
     """``pkg.module:name`` (a list of callables, or one) or a YAML file listing ``pkg.module:fn``
-    (a list, or ``{tools: [...]}``), as {name: callable}; names must be unique."""
+    (a list, or ``{tools: [...]}``), as {name: callable}; names must be unique. Every mistake is a
+    ``ConfigError("--tools", ...)`` saying what to give instead."""
     if spec.endswith((".yaml", ".yml")):
         import yaml
 
@@ -141,16 +149,20 @@ def load_tools(spec: str) -> dict[str, Callable]:
             raise ConfigError("--tools", f"file not found: {spec}")
         raw = yaml.safe_load(Path(spec).read_text())
         paths = raw.get("tools", []) if isinstance(raw, dict) else raw
-        if not isinstance(paths, list):
-            raise ConfigError("--tools", f"{spec} must list pkg.module:fn entries")
-        fns = [_import(p) for p in paths]
+        if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+            raise ConfigError("--tools", f"{spec} must list pkg.module:fn entries (a list, or tools: [...])")
+        fns = [load_object(p, "--tools", TOOLS_EXAMPLE) for p in paths]
     else:
-        obj = _import(spec)
+        obj = load_object(spec, "--tools", TOOLS_EXAMPLE)
+        if isinstance(obj, (dict, set, str, bytes)) or not (callable(obj) or isinstance(obj, (list, tuple))):
+            raise ConfigError("--tools", f"{spec!r} is a {type(obj).__name__}: it must be a list of functions "
+                                         f"(or one function), e.g. {TOOLS_EXAMPLE}")
         fns = list(obj) if isinstance(obj, (list, tuple)) else [obj]
     tools: dict[str, Callable] = {}
     for fn in fns:
         if not callable(fn):
-            raise ConfigError("--tools", f"{fn!r} is not callable")
+            raise ConfigError("--tools", f"{spec!r} holds {fn!r}, a {type(fn).__name__}: every entry must be a "
+                                         "function (a callable with type hints and a docstring)")
         name = getattr(fn, "__name__", type(fn).__name__)
         if name in tools:
             raise ConfigError("--tools", f"two tools are named {name!r}")
@@ -159,23 +171,36 @@ def load_tools(spec: str) -> dict[str, Callable]:
         except Exception as e:  # noqa: BLE001 - a bad annotation: say which tool
             raise ConfigError("--tools", f"cannot build the schema of tool {name!r}: {e}") from None
         tools[name] = fn
+    if not tools:
+        raise ConfigError("--tools", f"{spec!r} lists no tool")
     return tools
 
 
-def _import(path: str):
-    import importlib
+def is_async_tool(fn: Callable) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
 
-    module, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
-    try:
-        obj = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise ConfigError("--tools", f"cannot import {path!r}: {e}") from None
-    return obj
+
+def check_process_tools(tools: dict[str, Callable]) -> None:
+    """``--tool-executor process`` sends each sync tool to its worker by reference: it must pickle."""
+    import pickle
+
+    for name, fn in tools.items():
+        if is_async_tool(fn):
+            continue
+        try:
+            pickle.dumps(fn)
+        except Exception as e:  # noqa: BLE001 - a closure, a lambda, a bound method of local state
+            raise ConfigError("--tool-executor", f"process: tool {name!r} cannot be sent to a worker process "
+                                                 f"({type(e).__name__}: {e}); make it a module-level function, "
+                                                 "or use --tool-executor thread") from None
 
 
 # ---- calls -------------------------------------------------------------------------------------
-async def run_tool(tools: dict[str, Callable], call: ToolCall, timeout: float) -> tuple[str, bool]:
-    """(observation, ok) of one call: the tool's result as text, or an error observation."""
+async def run_tool(tools: dict[str, Callable], call: ToolCall, timeout: float,
+                   processes: ProcessTools | None = None) -> tuple[str, bool]:
+    """(observation, ok) of one call: the tool's result as text, or an error observation. A sync
+    tool runs on a thread that is abandoned at ``timeout``, or in one of ``processes``' workers,
+    killed at ``timeout`` (``rlvr.agents.tool_runner``): the rollout never waits past it."""
     if call.error is not None:
         return json.dumps({"error": call.error}), False
     fn = tools.get(call.name)
@@ -186,12 +211,16 @@ async def run_tool(tools: dict[str, Callable], call: ToolCall, timeout: float) -
     except TypeError as e:
         return json.dumps({"error": f"wrong arguments for {call.name}: {e}"}), False
     try:
-        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+        if is_async_tool(fn):
             result = await asyncio.wait_for(fn(**call.arguments), timeout)
-        else:  # a sync tool runs in a thread; one that hangs is abandoned after the timeout
-            result = await asyncio.wait_for(asyncio.to_thread(fn, **call.arguments), timeout)
+        elif processes is not None:
+            result = await processes.call(fn, call.arguments, timeout)
+        else:
+            result = await in_thread(fn, call.arguments, timeout, call.name)
     except asyncio.TimeoutError:
         return json.dumps({"error": f"{call.name} timed out after {timeout} s"}), False
+    except ToolRaised as e:  # raised in its worker process
+        return json.dumps({"error": f"{call.name} raised {e}"}), False
     except Exception as e:  # noqa: BLE001 - a tool that raises is an observation
         return json.dumps({"error": f"{call.name} raised {type(e).__name__}: {e}"}), False
     if isinstance(result, ToolResult):
@@ -245,7 +274,7 @@ PYTHON = [python_tool]  # --tools rlvr.agents.tools:PYTHON
 # ---- the built-in loop ---------------------------------------------------------------------------
 async def generate_with_tools(cfg, sample: Sample, sampling_params: dict) -> Sample:
     """``--tools``: model turn, tool calls, observations, ... (module docstring)."""
-    from rlvr.agents.hook_context import context
+    from rlvr.agents.agent_context import context
 
     ctx = context()
     tools, turns, a = ctx.agent.tools, ctx.turns, cfg.agent
@@ -254,7 +283,7 @@ async def generate_with_tools(cfg, sample: Sample, sampling_params: dict) -> Sam
     n_calls = n_errors = 0
     counts: dict[str, int] = {}
     status = Status.COMPLETED
-    for turn in range(a.max_turns):
+    for turn in range(a.turns_limit):
         left = budget - sample.response_length
         if left <= 0:
             status = Status.TRUNCATED
@@ -273,15 +302,16 @@ async def generate_with_tools(cfg, sample: Sample, sampling_params: dict) -> Sam
         if not calls:  # a final answer (or the length ran out mid-answer)
             status = Status.TRUNCATED if out.finish_reason == "length" else Status.COMPLETED
             break
-        if turn == a.max_turns - 1:
+        if turn == a.turns_limit - 1:
             status = Status.TRUNCATED  # --max-turns reached with a call pending
             break
         messages = []
         for call in calls:
-            obs, ok = await run_tool(tools, call, a.tool_timeout)
+            obs, ok = await run_tool(tools, call, a.timeout, ctx.agent.tool_processes)
             n_calls += 1
             n_errors += not ok
-            counts[call.name or "<malformed>"] = counts.get(call.name or "<malformed>", 0) + 1
+            if call.name in tools:  # per-tool counts only for tools that exist (the rest are errors)
+                counts[call.name] = counts.get(call.name, 0) + 1
             messages.append({"role": "tool", "name": call.name, "content": obs})
         obs_text, obs_ids = turns.observation_ids(messages, out.token_ids)
         if len(obs_ids) >= budget - sample.response_length:  # no room for the observation and a reply

@@ -44,6 +44,17 @@ class ChatTurns:
         self.suffix = base[end + len(_ANSWER + self.eos_text):]  # e.g. "\n" after <|im_end|>
         for role in probe_roles:
             self.delta_text([{"role": role, "content": "probe"}])  # raises if not prefix-preserving
+        self.markers = self._markers()
+
+    def _markers(self) -> tuple[str, ...]:
+        """The template's user-turn header and assistant generation prompt (Qwen: ``<|im_start|>user``,
+        ``<|im_start|>assistant``): text a message holds only when it was rendered already."""
+        probe = "\x00"
+        user = self.render([{"role": "user", "content": probe}], False)
+        generation = self.render([{"role": "user", "content": probe}], True)[len(user):]
+        head = user[: user.index(probe)]
+        head = head[head.rfind(self.eos_text) + len(self.eos_text):] if self.eos_text in head else head
+        return tuple(m.strip() for m in (head, generation) if m.strip())
 
     def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(messages, tools=self.tools, tokenize=False,

@@ -29,8 +29,17 @@ class AgentConfig:
         None, "pkg.module:factory() -> an environment with reset(sample) -> messages and step(response) -> "
               "(observation, reward, done), run by the built-in multi-turn loop"
     )
-    max_turns: int = _f(4, "model turns per sample in the built-in tool/environment loop", ge=1)
-    tool_timeout: float = _f(10.0, "seconds a tool call may take before it is an error observation", gt=0)
+    max_turns: int | None = _f(None, "model turns per sample in the built-in --tools / --environment-path loop "
+                                     "(default 4); a custom generate function reads it as args.agent.max_turns", ge=1)
+    tool_timeout: float | None = _f(None, "seconds a --tools call may take before it is an error observation "
+                                          "(default 10)", gt=0)
+    tool_executor: str = _f("thread", "where a sync --tools function runs: a thread the rollout abandons at "
+                                      "--tool-timeout (it runs on), or a worker process killed at the timeout "
+                                      "(for tools that can hang for good; arguments and results must pickle)",
+                            choices=["thread", "process"])
+    agent_failure_limit: float = _f(0.5, "fraction of a rollout's samples whose generate function (or tool / "
+                                         "environment loop) may raise before the run stops; a failed sample is "
+                                         "logged with its traceback and not trained", ge=0, le=1)
 
     def validate(self) -> None:
         """The declared bounds and the rules between these fields; the ``--tools`` list is loaded
@@ -49,6 +58,24 @@ class AgentConfig:
                                         "replaces; use one of them")
         if self.tools and self.environment_path:
             raise ConfigError("--environment-path", "and --tools are two built-in loops; give one of them")
+        if self.max_turns is not None and not given:
+            raise ConfigError("--max-turns", "bounds the built-in --tools / --environment-path loops (a custom "
+                                             "generate function reads it as args.agent.max_turns); without one of "
+                                             "them it does nothing: drop it")
+        for flag, value in (("--tool-timeout", self.tool_timeout),
+                            ("--tool-executor", None if self.tool_executor == "thread" else self.tool_executor)):
+            if value is not None and not self.tools:
+                raise ConfigError(flag, "applies to the --tools loop; without --tools it does nothing: drop it")
+
+    @property
+    def turns_limit(self) -> int:
+        """``--max-turns``, 4 when not given (the built-in loops)."""
+        return 4 if self.max_turns is None else self.max_turns
+
+    @property
+    def timeout(self) -> float:
+        """``--tool-timeout`` in seconds, 10 when not given."""
+        return 10.0 if self.tool_timeout is None else self.tool_timeout
 
     @property
     def per_sample(self) -> bool:

@@ -15,6 +15,8 @@ KeyError: "unknown advantage estimator 'nope' (--advantage-estimator); valid: gr
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import Callable, Generic, Iterator, TypeVar
 
 T = TypeVar("T")
@@ -80,6 +82,56 @@ class Registry(Generic[T]):
         return sorted(self._items)
 
 
+WORKDIR_ENV = "RLVR_WORKDIR"
+
+
+def user_workdirs() -> list[str]:
+    """Where a user's ``module:fn`` is looked up besides the installed packages: this process's
+    working directory and that of the ``rlvr`` command that started it (``RLVR_WORKDIR``, which
+    the command sets and the processes it starts inherit: engine processes, Ray actors, whose own
+    working directory may differ)."""
+    dirs = [os.getcwd(), os.environ.get(WORKDIR_ENV, "")]
+    return list(dict.fromkeys(os.path.abspath(d) for d in dirs if d))
+
+
+def import_user_module(module_name: str):
+    """``importlib.import_module`` that also finds a module in the user's working directory, as
+    ``python -m`` does (the ``rlvr`` console script puts its own directory first instead). The
+    directories are appended, so an installed package of the same name wins."""
+    on_path = {os.path.abspath(p) for p in sys.path if p}
+    sys.path.extend(d for d in user_workdirs() if d not in on_path)
+    return importlib.import_module(module_name)
+
+
+def split_path(path: str, flag: str, example: str = "pkg.module:function") -> tuple[str, str]:
+    """(module, attribute) of ``"pkg.module:attr"`` or ``"pkg.module.attr"``; a ConfigError naming
+    ``flag`` when it is neither (a bare module name, an empty side)."""
+    from rlvr.core.errors import ConfigError
+
+    module_name, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
+    if not module_name or not attr:
+        raise ConfigError(flag, f"{path!r} is not 'pkg.module:name': give the module and the name in it, "
+                                f"e.g. {example}")
+    return module_name, attr
+
+
+def load_object(path: str, flag: str, example: str = "pkg.module:function"):
+    """The object ``"pkg.module:name"`` names (module from the installed packages or the working
+    directory); a ConfigError naming ``flag`` saying what could not be found."""
+    from rlvr.core.errors import ConfigError
+
+    module_name, attr = split_path(path, flag, example)
+    try:
+        module = import_user_module(module_name)
+    except ImportError as e:
+        hint = next((h for f in PATH_HINTS if (h := f(path))), None)  # e.g. slime's modules
+        where = f" (looked in the installed packages and in {', '.join(user_workdirs())})" if e.name == module_name else ""
+        raise ConfigError(flag, hint or f"cannot import module {module_name!r} from {path!r}: {e}{where}") from e
+    if not hasattr(module, attr):
+        raise ConfigError(flag, f"module {module_name!r} ({getattr(module, '__file__', '?')}) has no {attr!r}")
+    return getattr(module, attr)
+
+
 def load_function(path: str, flag: str) -> Callable:
     """Import a user function given as ``"pkg.module:fn"`` or ``"pkg.module.fn"``.
 
@@ -87,17 +139,9 @@ def load_function(path: str, flag: str) -> Callable:
     """
     from rlvr.core.errors import ConfigError
 
-    module_name, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
-    if not module_name or not attr:
-        raise ConfigError(flag, f"{path!r} is not 'pkg.module:function' or 'pkg.module.function'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        hint = next((h for f in PATH_HINTS if (h := f(path))), None)  # e.g. slime's modules
-        raise ConfigError(flag, hint or f"cannot import module {module_name!r} from {path!r}: {e}") from e
-    fn = getattr(module, attr, None)
+    fn = load_object(path, flag)
     if not callable(fn):
-        raise ConfigError(flag, f"module {module_name!r} has no callable {attr!r}")
+        raise ConfigError(flag, f"{path!r} is a {type(fn).__name__}, not a function")
     return fn
 
 

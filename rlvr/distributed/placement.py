@@ -26,6 +26,7 @@ import os
 from dataclasses import dataclass
 
 from rlvr.config.cluster import ClusterConfig
+from rlvr.core.registry import WORKDIR_ENV
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,7 @@ def start(cluster: ClusterConfig, p: Plan) -> bool:
                               f"{short}; run where the GPUs are (or join such a cluster with --ray-address), or train "
                               "on CPU: drop the GPU flags and use --actor-num-cpu-workers-per-node / --rollout-num-engines")
     env = {"env_vars": dict(ACTOR_ENV)}
+    env["env_vars"][WORKDIR_ENV] = os.environ.get(WORKDIR_ENV, os.getcwd())  # the user's module:fn imports in the actors
     if logical_gpus() is not None:  # placement tests: the actors must see the seam too
         env["env_vars"][LOGICAL_GPUS_ENV] = str(logical_gpus())
     if cluster.ray_address:

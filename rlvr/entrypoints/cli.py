@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from rlvr.core.errors import ConfigError, DataError, TrainingStopped
+from rlvr.core.registry import WORKDIR_ENV
 
 
 def _config_with_assets(argv: list[str], prog: str, rl: bool):
@@ -108,6 +110,16 @@ def _serve(argv: list[str]) -> None:
     serve(argv)
 
 
+def _agents(argv: list[str]) -> None:
+    if argv[:1] != ["check"]:
+        raise ConfigError("rlvr agents", "the command is `rlvr agents check [module:fn] FLAGS` (one prompt through "
+                                         "your generate function / tools / environment, its segments and masks)")
+    from rlvr.entrypoints.agents_check import main as check
+
+    if check(argv[1:]):
+        raise SystemExit(1)
+
+
 def _make_tiny_model(argv: list[str]) -> None:
     from rlvr.models.tiny import ARCHITECTURES, build_tiny_model
 
@@ -141,6 +153,7 @@ COMMANDS = {
     "serve": (_serve, "serve a checkpoint over SGLang's HTTP protocol (+ OpenAI routes) on 127.0.0.1"),
     "plot": (_plot, "PNG dashboard of run directories"),
     "export": (_export, "write a plain HF checkpoint from a training checkpoint"),
+    "agents": (_agents, "agents check [module:fn] FLAGS: one prompt through your multi-turn rollout, its segments and masks"),
     "demo": (_demo, "the arithmetic demo end to end (what `make demo` runs)"),
     "make-tiny-model": (_make_tiny_model, "write a tiny random HF causal LM + tokenizer"),
     "make-arith-data": (_make_arith_data, "write the arithmetic task's train/test (and --n-val: val) JSONL"),
@@ -156,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if not argv or argv[0] in ("-h", "--help") else 2
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    # A user's module:fn in this directory imports in every process the command starts (rlvr.core.registry).
+    os.environ[WORKDIR_ENV] = os.getcwd()
     try:
         COMMANDS[argv[0]][0](argv[1:])
     except (ConfigError, DataError) as e:

@@ -86,15 +86,23 @@ def dcpo_metrics(samples: list[Sample]) -> dict[str, float]:
 
 
 def turn_metrics(samples: list[Sample]) -> dict[str, float]:
-    """Multi-turn statistics, for samples whose metadata records ``turns`` (``rlvr.agents``): turns,
-    tool calls and tool errors (and per-tool counts); ``{}`` for single-turn rollouts."""
+    """Multi-turn statistics, for samples whose metadata records ``turns`` or ``agent_error``
+    (``rlvr.agents``): turns, tool calls and tool errors (and per-tool counts), samples whose
+    generate function failed, and the share of response tokens with loss mask 0 (observations,
+    tool results); ``{}`` for single-turn rollouts."""
     multi = [s for s in samples if "turns" in s.metadata]
-    if not multi:
+    failed = sum("agent_error" in s.metadata for s in samples)
+    if not multi and not failed:
         return {}
+    tokens = sum(s.response_length for s in samples)
+    m = {"agent_errors": float(failed),
+         "masked_token_ratio": sum(s.response_length - sum(s.loss_mask) for s in samples) / max(tokens, 1)}
+    if not multi:
+        return m
     turns = [s.metadata["turns"] for s in multi]
-    m = {"turns/mean": statistics.fmean(turns), "turns/max": float(max(turns)),
-         "tool_calls/mean": statistics.fmean(s.metadata.get("tool_calls", 0) for s in multi),
-         "tool_errors": float(sum(s.metadata.get("tool_errors", 0) for s in multi))}
+    m |= {"turns/mean": statistics.fmean(turns), "turns/max": float(max(turns)),
+          "tool_calls/mean": statistics.fmean(s.metadata.get("tool_calls", 0) for s in multi),
+          "tool_errors": float(sum(s.metadata.get("tool_errors", 0) for s in multi))}
     per_tool: dict[str, int] = {}
     for s in multi:
         for name, count in s.metadata.get("tool_counts", {}).items():

@@ -16,7 +16,7 @@ import os
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from rlvr.core.jsonl import iter_objects
 from rlvr.observe.metrics import MetricsLogger
@@ -110,16 +110,42 @@ def write_ledger(path: Path, rollout_id: int, samples: list[Sample], trained: bo
             f.write(json.dumps(row) + "\n")
 
 
-def write_samples(path: Path, batch: RolloutBatch, k: int = 4) -> None:
-    """Append the first ``k`` samples of the rollout, and every sample whose grading failed
-    (with its ``reward_error``), for reading."""
+# What a reader needs of a multi-turn sample, from its metadata (rlvr.agents).
+SAMPLE_FIELDS = ("reward_error", "agent_error", "agent_traceback", "turns", "tool_calls", "tool_errors", "tool_counts",
+                 "openai_calls", "cut_tokens", "engine_error")
+
+
+def segments_of(s: Sample, decode: Callable[..., str] | None) -> list[dict]:
+    """The response's runs of equal loss mask: ``{"loss_mask": 0|1, "tokens": n, "text": ...}``
+    (``text`` decoded with special tokens, when ``decode`` is given).
+
+    >>> from rlvr.core.types import Sample
+    >>> segments_of(Sample("p", [1], response_ids=[4, 5, 6], loss_mask=[1, 1, 0]), None)
+    [{'loss_mask': 1, 'tokens': 2}, {'loss_mask': 0, 'tokens': 1}]
+    """
+    out = []
+    for a, b, trainable in s.segments():
+        row = {"loss_mask": int(trainable), "tokens": b - a}
+        if decode is not None:
+            row["text"] = decode(s.response_ids[a:b])
+        out.append(row)
+    return out
+
+
+def write_samples(path: Path, batch: RolloutBatch, k: int = 4, decode: Callable[..., str] | None = None) -> None:
+    """Append the first ``k`` samples of the rollout, and every sample whose grading or generate
+    function failed (with its ``reward_error`` / ``agent_error``), for reading. A multi-turn
+    sample also gets its ``segments`` (text, token count, loss mask of each) and its turn and
+    tool-call counts."""
     with open(path, "a") as f:
         for i, s in enumerate(batch.samples):
-            if i >= k and "reward_error" not in s.metadata:
+            failed = "reward_error" in s.metadata or "agent_error" in s.metadata
+            if i >= k and not failed:
                 continue
             row = {"rollout_id": batch.rollout_id, "index": s.index, "uid": s.uid, "prompt": s.prompt,
                    "response": s.response, "label": s.label, "reward": s.reward, "status": s.status.value,
                    "weight_versions": sorted(set(s.weight_versions))}
-            if "reward_error" in s.metadata:
-                row["reward_error"] = s.metadata["reward_error"]
+            row |= {key: s.metadata[key] for key in SAMPLE_FIELDS if key in s.metadata}
+            if "turns" in s.metadata:
+                row["segments"] = segments_of(s, decode)
             f.write(json.dumps(row, default=str) + "\n")

@@ -105,6 +105,8 @@ class Rollout:
         rewards post-processed, ``rollout/*`` and ``perf/rollout_*`` metrics (plus ``metrics``)."""
         n = self.cfg.n_samples_per_prompt
         samples = [s for group in groups for s in group]
+        if self.agent is not None:  # a generate function failing too often stops the run
+            self.agent.check_failures(samples, f"rollout {rollout_id}")
         for i, s in enumerate(samples):
             s.index, s.group_index = i, i // n
         if self.post_process is not None:
@@ -149,6 +151,8 @@ class Rollout:
             samples = [s for g in groups for s in g]
         else:
             samples = self._sample(records, cfg.n_samples_per_eval_prompt, params, shape=False)
+        if self.agent is not None:
+            self.agent.check_failures(samples, f"eval set {name}")
         k = cfg.n_samples_per_eval_prompt
         m = rollout_metrics(samples, k, prefix=f"eval/{name}/")
         m[f"eval/{name}/score"] = m.pop(f"eval/{name}/raw_reward")
@@ -185,8 +189,12 @@ class Rollout:
         """``n`` unsampled samples of ``record``, group ``g`` of its rollout; ``draw`` (the record's
         position in the data source's stream) makes their ``uid``s, unique in the run."""
         text, ids = self._encode(record)
+        metadata = dict(record.metadata)
+        if self.agent is not None:  # what context().messages(sample) gives a multi-turn agent
+            metadata["prompt_messages"] = record.prompt if isinstance(record.prompt, list) else \
+                [{"role": "user", "content": record.prompt}]
         return [
-            Sample(prompt=text, prompt_ids=list(ids), label=record.label, metadata=dict(record.metadata),
+            Sample(prompt=text, prompt_ids=list(ids), label=record.label, metadata=dict(metadata),
                    group_index=g, index=g * n + j, prompt_index=record.index,
                    uid=f"{draw}/{j}" if draw is not None else "")
             for j in range(n)

@@ -18,7 +18,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from rlvr.agents.tools import load_tools
+from rlvr.agents.contract import check_hooks
+from rlvr.agents.tools import check_process_tools, load_tools
 from rlvr.algo.advantages import ADVANTAGES, estimator_name, estimator_of
 from rlvr.algo.corrections import TIS_MODES
 from rlvr.algo.kl import kl_loss_types
@@ -91,9 +92,14 @@ def check_train(train: TrainConfig) -> None:
                                                           "experts): routing replay has nothing to replay; drop the flag")
 
 
-def check_agent(agent: AgentConfig) -> None:
+def check_agent(agent: AgentConfig, eval_function_path: str | None = None) -> None:
+    """The hooks import and take rlvr's arguments; ``--tools`` is a list of functions (that pickle,
+    with ``--tool-executor process``)."""
+    check_hooks(agent, eval_function_path)
     if agent.tools is not None:
-        load_tools(agent.tools)
+        tools = load_tools(agent.tools)
+        if agent.tool_executor == "process":
+            check_process_tools(tools)
 
 
 def check_estimator(cfg: Config) -> None:
@@ -118,7 +124,7 @@ def check(cfg: Config, rl: bool = True) -> Config:
     check_rollout(cfg.rollout)
     check_algo(cfg.algo)
     check_reward_config(cfg.reward)
-    check_agent(cfg.agent)
+    check_agent(cfg.agent, cfg.eval.eval_function_path)
     if rl:
         check_estimator(cfg)
     return cfg

@@ -110,7 +110,7 @@ class Step:
             perf["perf/eval_time"] = eval_metrics.pop("perf/eval_time")
         perf["perf/step_time"] = time.perf_counter() - t0
         self.logger.log(batch.metrics | perf, "rollout/step", rollout_id)
-        write_samples(self.run_dir / "samples.jsonl", batch)
+        write_samples(self.run_dir / "samples.jsonl", batch, decode=self.c.tokenizer.decode)
         write_ledger(self.run_dir / "ledger.jsonl", batch.rollout_id, batch.samples, trained=train)
         # Saved after everything about this rollout is logged: a resumed run logs nothing twice.
         if train and ((cfg.run.save_interval and done % cfg.run.save_interval == 0) or done == cfg.run.num_rollout):

@@ -71,6 +71,8 @@ def accumulate(learner: Learner, mbs: list[list[int]], loss_fn: LossFn, mask: to
     for k, mb in enumerate(mbs):
         with learner.parallel.no_sync(learner.wrapped, last=k == len(mbs) - 1):
             loss, tok_metrics = loss_fn(mb)
+            if not loss.requires_grad:  # no response token in the micro-batch: a zero gradient, so
+                loss = loss + sum(p.sum() for p in learner.params) * 0.0  # every rank still runs backward
             # Data-parallel: DDP/FSDP2 average the ranks' gradients; the loss is already global.
             (loss * learner.parallel.loss_scale).backward()
         totals["loss"] += float(loss.detach())

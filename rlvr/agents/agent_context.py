@@ -7,11 +7,13 @@ helpers that run inside such a call (tools, environments, the OpenAI proxy) read
 from __future__ import annotations
 
 import contextvars
+import copy
 import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from rlvr.agents.session import EngineHandle
+from rlvr.core.errors import ConfigError
 from rlvr.core.types import Sample
 from rlvr.engine.base import SamplingParams
 
@@ -23,9 +25,26 @@ class AgentContext:
     cfg: Any  # the whole Config (slime's ``args``)
     engine: EngineHandle | None  # this sample's session (None inside a rollout function: make one with new_handle)
     tokenizer: Any
-    turns: Any  # ChatTurns when the tokenizer has a chat template, else None
+    chat_turns: Any  # ChatTurns with --apply-chat-template (or --tools / --environment-path), else None
     rollout: Any  # the Rollout: grader, new_group / next_groups, sampling_params()
     agent: Any = None  # the Agent
+
+    @property
+    def turns(self):
+        """``ChatTurns``: the token ids of observations after a model turn (token-in/token-out)."""
+        if self.chat_turns is None:
+            raise ConfigError("--apply-chat-template", "context().turns renders observations with the chat template, "
+                                                       "so the run needs --apply-chat-template")
+        return self.chat_turns
+
+    def messages(self, sample: Sample) -> list[dict]:
+        """The sample's prompt as chat messages, what an OpenAI-client agent sends first: the data's
+        messages (a text prompt is one user message). Not ``sample.prompt``: with
+        --apply-chat-template that is the prompt already rendered by the chat template."""
+        messages = sample.metadata.get("prompt_messages")
+        if messages is None:  # a sample made outside the rollout (by a rollout function, a test)
+            messages = [{"role": "user", "content": sample.prompt}]
+        return copy.deepcopy(messages)
 
     def new_handle(self, session: str = "") -> EngineHandle:
         return EngineHandle(self.agent.engine, self.tokenizer, session)
