@@ -272,7 +272,6 @@ def _children() -> dict[int, str]:
 def test_a_sync_tool_that_sleeps_30_s_is_killed_at_the_timeout(tiny_qwen2):
     """--tool-executor process: the plain ``time.sleep(30)`` tool's worker is killed at 0.5 s; the
     rollout takes about as long as with a fast tool, and no process outlives the agent."""
-
     before = _children()
     fast, _, _, agent = _rollout_time(tiny_qwen2, "multiply", tool_executor="process")
     agent.close()
