@@ -1,4 +1,4 @@
-"""Tools (issue 17): schemas, Hermes parsing, the built-in loop with every kind of bad call as an
+"""Tools: schemas, Hermes parsing, the built-in loop with every kind of bad call as an
 observation, the environment protocol, and a fork bomb through the python tool contained by the
 ``code`` reward's sandbox (in a fenced driver process, as tests/test_sandbox.py fences its suite).
 

@@ -1,4 +1,4 @@
-"""Multi-turn samples (issue 17): segment invariants, exact log-probs across turns, masked tool tokens."""
+"""Multi-turn samples: segment invariants, exact log-probs across turns, masked tool tokens."""
 
 import asyncio
 

@@ -1,4 +1,4 @@
-"""Agents written with the official ``openai`` client (issue 17): the recording OpenAI-compatible
+"""Agents written with the official ``openai`` client: the recording OpenAI-compatible
 rollout endpoint turns their calls (tool calls, a streamed call) into an exact multi-turn sample."""
 
 from __future__ import annotations

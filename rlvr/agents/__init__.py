@@ -1,4 +1,4 @@
-"""Multi-turn, tool-using and agentic rollouts (issue 17; docs/agents.md).
+"""Multi-turn, tool-using and agentic rollouts (docs/agents.md).
 
 - ``rlvr.core.types.Sample.append_segment``: a response as model segments (loss mask 1, engine
   log-probs) and environment/tool segments (loss mask 0).

@@ -1,4 +1,4 @@
-"""The environment protocol for non-tool multi-turn tasks (``--environment-path``; issue 17).
+"""The environment protocol for non-tool multi-turn tasks (``--environment-path``).
 
 An environment is any object with two methods (sync or async)::
 

@@ -1,4 +1,4 @@
-"""An OpenAI-compatible endpoint for rollouts that records every call, token for token (issue 17).
+"""An OpenAI-compatible endpoint for rollouts that records every call, token for token.
 
 Agent code written against the chat-completions API (the official ``openai`` client, with tools)
 becomes a trainable multi-turn sample without re-tokenization, as slime's agent adapters and

@@ -1,4 +1,4 @@
-"""Token-in/token-out turns: only the new environment/tool text is ever tokenized (issue 17).
+"""Token-in/token-out turns: only the new environment/tool text is ever tokenized.
 
 A multi-turn sample's context is ``prompt_ids + response_ids`` exactly as the engine returned
 them; the model's tokens are never decoded and re-encoded (a re-encoding can differ from the

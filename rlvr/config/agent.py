@@ -1,4 +1,4 @@
-"""``AgentConfig``: multi-turn, tool-using and agentic rollouts (issue 17; slime's flag names)."""
+"""``AgentConfig``: multi-turn, tool-using and agentic rollouts (slime's flag names)."""
 
 from __future__ import annotations
 

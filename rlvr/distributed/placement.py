@@ -1,4 +1,4 @@
-"""Where each actor goes: one Ray placement group for the whole run (seed 003 §2).
+"""Where each actor goes: one Ray placement group for the whole run.
 
 ``plan(cluster, num_engines)`` is a pure function of the config (tested without Ray):
 

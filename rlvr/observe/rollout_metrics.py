@@ -63,7 +63,7 @@ def pass_rates(rewards: list[float], n: int) -> dict[str, float]:
 
 
 def dcpo_metrics(samples: list[Sample]) -> dict[str, float]:
-    """DCPO's own metrics (seed 000 §3.3.1: prefix ``dcpo/`` on the rollout side, under ``rollout/``
+    """DCPO's own metrics (prefix ``dcpo/`` on the rollout side, under ``rollout/``
     or ``eval/<name>/``) for rewards carrying a stated ``confidence`` (``--rm-type math_confidence``
     / ``dcpo``): accuracy, confidence, the share that stated one, calibration error |acc - conf|
     and the Brier score (acc - conf)^2; ``{}`` otherwise.

@@ -81,7 +81,7 @@ def truncate_streams(run_dir: Path, rollout_id: int, train_step: int) -> None:
 
 
 def open_logger(cfg: Config, run_dir: Path, resume: dict | None) -> MetricsLogger:
-    """metrics.jsonl always; TensorBoard and W&B when asked for (seed 000 §2.7.3)."""
+    """metrics.jsonl always; TensorBoard and W&B when asked for."""
     r = cfg.run
     # slime: --tensorboard-dir, else $TENSORBOARD_DIR; rlvr's default keeps it inside the run directory
     root = r.tensorboard_dir or os.environ.get("TENSORBOARD_DIR")

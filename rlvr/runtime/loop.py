@@ -1,4 +1,4 @@
-"""The driver: one RL run, top to bottom (STYLE point 4, DESIGN "One RL step").
+"""The driver: one RL run, top to bottom (DESIGN "One RL step").
 
     resume from --load (if a checkpoint is there)
     for rollout_id in range(start, num_rollout):
