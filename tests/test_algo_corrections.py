@@ -73,7 +73,7 @@ def test_custom_tis_loader_errors_name_the_flag():
 
 
 def _sc_logit_grad(k, weight_fn):
-    """d loss / d logits for seed 002's example: p = (.6, .4), q = (.5, .5), token 0 sampled, A = 1."""
+    """d loss / d logits for a two-token example: p = (.6, .4), q = (.5, .5), token 0 sampled, A = 1."""
     z = torch.log(torch.tensor([0.6, 0.4])).requires_grad_()
     logp = torch.log_softmax(z, 0)
     logq = torch.log(torch.tensor([0.5, 0.5]))

@@ -67,7 +67,7 @@ def test_kk_partitions_cover_once_and_balance_no_worse_than_round_robin(lengths,
 
 
 def test_kk_example_from_the_seed_and_the_cap_repair():
-    # seed 000 §2.4.2: [3, 3, 2, 2, 2] into 2 parts: totals 5 and 7 (or better).
+    # slime's example: [3, 3, 2, 2, 2] into 2 parts: totals 5 and 7 (or better).
     parts = balanced_partitions([3, 3, 2, 2, 2], 2)
     assert sorted(sum([3, 3, 2, 2, 2][i] for i in p) for p in parts) == [5, 7]
     # Cap 6: first-fit needs 2 buckets; an unrepaired KK split (7, 5) would overflow.

@@ -51,7 +51,7 @@ def test_dcpo_with_a_confidence_task(tiny_qwen2, tmp_path, small_eval):
     train = [{"prompt": r["prompt"] + " (answer, then confidence: p)", "label": r["label"]}
              for r in make_splits(n_test=200)[0][:64]]
     data = write_jsonl(train, tmp_path / "conf.jsonl")
-    # Seed 000 §3.3's command line as written for slime: --rm-type dcpo is rlvr's math_confidence,
+    # slime's DCPO command line as written: --rm-type dcpo is rlvr's math_confidence,
     # slime's post-process path is rlvr's registered dcpo post-process.
     records = _run(tiny_qwen2, (data, None), small_eval, tmp_path / "dcpo", "--advantage-estimator", "dcpo",
                    "--rm-type", "dcpo", "--custom-reward-post-process-path",

@@ -1,4 +1,4 @@
-"""Seed 003's YAML file and launch commands (its §7.1-7.2): the mapping onto rlvr's fields, field by
+"""Seed 003's YAML file and launch commands: the mapping onto rlvr's fields, field by
 field; the refusals and warnings, one line each; and the example file trained for 2 rollouts,
 resumed with --resume_from and exported, through the real commands."""
 

@@ -50,7 +50,7 @@ def tis_weights(
     """Per-token importance weights ``w(rho)``, ``rho = exp(log p0 - log q)``.
 
     ``tis``: ``clamp(rho, low, high)`` (slime defaults low=0, high=2). ``icepop``: ``rho`` inside
-    ``[low, high]``, 0 outside (seed 002 uses low=0.5, high=2). Both detached.
+    ``[low, high]``, 0 outside (e.g. low=0.5, high=2). Both detached.
 
     Args: train_log_probs [B, T] (p0), rollout_log_probs [B, T] (q).
     Returns: (weights [B, T], clipfrac [B, T] float: 1 where the weight differs from rho).

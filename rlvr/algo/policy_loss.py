@@ -177,7 +177,7 @@ def cispo_loss(log_probs, old_log_probs, advantages, loss_mask, cfg) -> tuple[Te
 def reinforce_loss(log_probs, old_log_probs, advantages, loss_mask, cfg) -> tuple[Tensor, Metrics]:
     """Plain REINFORCE (Williams 1992): ``-A * log p_theta``, no ratio, no clipping.
 
-    Opt-in with ``--pg-loss-type reinforce`` (seed 002 uses it for score centering).
+    Opt-in with ``--pg-loss-type reinforce`` (score centering trains with it).
     """
     ppo_kl = (old_log_probs - log_probs).detach()
     return -advantages * log_probs, {"pg_clipfrac": torch.zeros_like(ppo_kl), "ppo_kl": ppo_kl}

@@ -62,7 +62,7 @@ class AlgoConfig:
     tis_clip_low: float = _f(0.0, "lower bound of the TIS weight", ge=0)
     tis_mode: str = _f("tis", "tis = clamp the weight; icepop = zero it outside the bounds", names="TIS mode")
     custom_tis_function_path: str | None = _f(None, "replace TIS by pkg.module:function")
-    use_score_centering: bool = _f(False, "score-centred REINFORCE loss (seed 002 SC); the engine returns q's top-k head")
+    use_score_centering: bool = _f(False, "score-centred REINFORCE loss; the engine returns q's top-k head")
     score_centering_top_k: int = _f(128, "score centering: sampler head size (top-k tokens of q kept per token)", ge=1)
     use_opsm: bool = _f(False, "off-policy sequence masking of stale negative-advantage samples")
     opsm_delta: float = _f(1e-4, "OPSM threshold on the sequence-mean log(p_old / p_theta)", ge=0)

@@ -11,7 +11,7 @@ Devices. Local mode computes on ``--device`` (``auto``: CUDA when available;
 ``rlvr.core.device``); ``--colocate`` in local mode time-shares that one device between the trainer
 and the embedded engine (``rlvr.runtime.colocate``). slime always runs on Ray, so its GPU counts
 (``--actor-num-gpus-per-node``, ``--rollout-num-gpus``) *imply* ``--ray``: a slime command line
-such as seed 000's ``--actor-num-gpus-per-node 4 --colocate`` parses as written and means four
+such as a slime script's ``--actor-num-gpus-per-node 4 --colocate`` parses as written and means four
 GPU training ranks with four colocated engines on a Ray cluster; one local GPU is ``--device cuda``
 (the default ``auto`` picks it), with ``--colocate`` to share it. Whether the machine has the GPUs
 is checked when the cluster starts (``placement.start``), not at parse time, so a config can be

@@ -1,4 +1,4 @@
-"""Named registries: one per extension point, one dispatch site (STYLE.md point 2).
+"""Named registries: one per extension point, one dispatch site.
 
 >>> R = Registry("advantage estimator", flag="--advantage-estimator")
 >>> @R.register("grpo")

@@ -150,8 +150,7 @@ class EngineGroup:
         return make_engine_actor(self.cfg, self.pg, self.plan, self.cwd, i)
 
     def restart(self, i: int) -> None:
-        """Replace engine ``i`` by a new actor holding the current weights (the seam for issue 9's
-        health checks)."""
+        """Replace engine ``i`` by a new actor holding the current weights."""
         if self.broadcast_specs is not None:
             raise RuntimeError(f"engine {i} cannot be re-created under --weight-sync broadcast: a new engine cannot "
                                "join the broadcast group formed at the start (use --weight-sync object_store)")

@@ -2,7 +2,7 @@
 
 An engine turns token-id prompts into sampled responses and returns, for every sampled token,
 its log-probability under the sampling distribution (temperature applied) — the behaviour
-policy q of seed 002 — and the weight version that produced it. The embedded engine
+policy q — and the weight version that produced it. The embedded engine
 (``rlvr.engine.embedded``) implements it in-process; ``rlvr.engine.client.HttpEngine`` speaks
 SGLang's HTTP protocol to ``rlvr serve`` or a real SGLang server behind the same methods.
 

@@ -1,4 +1,4 @@
-"""Seed 003's launch commands (its §7.2) as ``rlvr`` command lines.
+"""Seed 003's launch commands as ``rlvr`` command lines.
 
 The seed starts, resumes and exports with::
 

@@ -1,4 +1,4 @@
-"""Seed 003's nested YAML (its §7.1 ``examples/grpo_math_7b.yaml``) onto rlvr's flat config fields.
+"""Seed 003's nested YAML (its ``examples/grpo_math_7b.yaml``) onto rlvr's flat config fields.
 
 The seed drives slime with a file of seven groups: ``actor_rollout_ref.model.path``, ``training``,
 ``algorithm``, ``rollout``, ``distributed``, ``async_rollout`` and ``reward`` (a list of
