@@ -67,7 +67,7 @@ def test_custom_tis_function_is_loaded_and_applied(monkeypatch):
 
 
 def test_custom_tis_loader_errors_name_the_flag():
-    for path, match in [("nosuchmod_xyz:f", "cannot import"), ("math:nope", "no callable"), ("justaname", "not 'pkg")]:
+    for path, match in [("nosuchmod_xyz:f", "cannot import"), ("math:nope", "has no 'nope'"), ("justaname", "not 'pkg")]:
         with pytest.raises(ConfigError, match=f"--custom-tis-function-path: .*{match}"):
             load_custom_tis_function(path)
 
