@@ -35,6 +35,7 @@ broken mask; ``--mask-offpolicy-in-partial-rollout`` is moot for these samples.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import json
 import logging
@@ -45,6 +46,7 @@ from typing import Callable
 from rlvr.agents.context import _CONTEXT, AgentContext, call_maybe_async, sampling_dict
 from rlvr.agents.session import EngineHandle
 from rlvr.engine.base import SamplingParams
+from rlvr.engine.sampling import request_seed
 from rlvr.core.registry import load_function
 from rlvr.core.types import Sample, Status
 
@@ -147,6 +149,9 @@ class Agent:
         handle = EngineHandle(self.engine, self.tokenizer, session=s.uid or f"i{s.index}")
         token = _CONTEXT.set(self._context(handle))
         try:
+            if self.rollout is not None:  # the sample's own seed (its turns: EngineHandle), by identity
+                params = dataclasses.replace(params, seed=request_seed(self.rollout.sample_seed(s),
+                                                                       s.metadata.get("agent_regenerated", 0)))
             out = await call_maybe_async(self.generate_fn, self.cfg, s, sampling_dict(params))
         finally:
             _CONTEXT.reset(token)
