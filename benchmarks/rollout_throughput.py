@@ -18,12 +18,17 @@ would make the two sides' lengths differ by chance; fixed budgets keep the compa
   both 8 prompts (64 rows) and all 64 (512 rows) are timed and the faster counts (which one wins
   depends on the model: 64 rows on the tiny one, 512 on the 19M one in our runs).
 
+``--deterministic-mode`` adds a third side, ``rlvr-det``: the same engine and requests with
+``deterministic=True`` (each prompt group decoded in a forward of its own: batch-invariant, see
+``rlvr.engine.embedded``), and reports its cost against ``rlvr`` in wall and CPU time.
+``--skip-hf`` leaves Hugging Face out (the cost of the mode alone, in seconds instead of minutes).
+
 Tokens/s counts the same useful tokens on both sides (the sum of the budgets). The sides are
 alternated ``--repeats`` times in one process with ``torch.set_num_threads(--threads)``, and the
 best time of each side is used. Ends with one JSON line per model. The 19M model's HF runs take
 several minutes each on 2 cores.
 
-    python benchmarks/rollout_throughput.py [--repeats 2] [--threads 2] [--models ...]
+    python benchmarks/rollout_throughput.py [--repeats 2] [--threads 2] [--models ...] [--deterministic-mode --skip-hf]
 """
 
 from __future__ import annotations
@@ -58,16 +63,17 @@ def budgets(n: int, median: int, max_len: int, seed: int = 0) -> list[int]:
     return [min(max_len, max(4, round(math.exp(rng.gauss(math.log(median), 1.0))))) for _ in range(n)]
 
 
-def run_rlvr(engine: EmbeddedEngine, prompts: list[list[int]], lens: list[int]) -> tuple[float, int]:
+def run_rlvr(engine: EmbeddedEngine, prompts: list[list[int]], lens: list[int]) -> tuple[float, int, float]:
+    """(wall seconds, tokens, CPU seconds of this process) for all requests in one call."""
     reqs = [
         GenerateRequest(prompts[i // N_SAMPLES], SamplingParams(temperature=1.0, max_new_tokens=lens[i]), rid=str(i))
         for i in range(len(lens))
     ]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     out = engine.generate_sync(reqs)
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     assert [len(r.token_ids) for r in out] == lens, "engine did not produce the requested lengths"
-    return elapsed, sum(lens)
+    return elapsed, sum(lens), cpu
 
 
 def run_hf(model, tok, prompts: list[list[int]], lens: list[int], prompts_per_call: int) -> tuple[float, int]:
@@ -96,35 +102,47 @@ def bench(name: str, path: Path, args) -> dict:
     train, _ = make_splits()
     prompts = [tok(p["prompt"], add_special_tokens=False)["input_ids"] for p in train[:N_PROMPTS]]
     lens = budgets(N_PROMPTS * N_SAMPLES, args.median_len, args.max_len)
-    engine = EmbeddedEngine(model, pad_token_id=tok.pad_token_id, seed=0, max_batch_size=args.max_batch_size)
+    engines = {"rlvr": EmbeddedEngine(model, pad_token_id=tok.pad_token_id, seed=0, max_batch_size=args.max_batch_size)}
+    if args.deterministic_mode:
+        engines["rlvr-det"] = EmbeddedEngine(model, pad_token_id=tok.pad_token_id, seed=0,
+                                             max_batch_size=args.max_batch_size, deterministic=True)
     print(f"\n{name}: {n_params / 1e6:.1f}M params; {len(lens)} samples, lengths mean {sum(lens) / len(lens):.1f} "
           f"min {min(lens)} max {max(lens)}")
-    run_rlvr(engine, prompts[:2], lens[:16])  # warm-up both sides
-    run_hf(model, tok, prompts[:2], lens[:16], 2)
-    sides = ["rlvr"] + [f"hf{k}" for k in args.hf_prompts_per_call]
-    best = {side: math.inf for side in sides}
+    for engine in engines.values():  # warm-up every side
+        run_rlvr(engine, prompts[:2], lens[:16])
+    if not args.skip_hf:
+        run_hf(model, tok, prompts[:2], lens[:16], 2)
+    sides = list(engines) + ([] if args.skip_hf else [f"hf{k}" for k in args.hf_prompts_per_call])
+    best, cpu = {side: math.inf for side in sides}, {}
     tokens = sum(lens)
     with torch.no_grad():
         for rep in range(args.repeats):
             for side in sides if rep % 2 == 0 else sides[::-1]:
-                if side == "rlvr":
-                    t, n = run_rlvr(engine, prompts, lens)
+                if side in engines:
+                    t, n, c = run_rlvr(engines[side], prompts, lens)
+                    cpu[side] = min(cpu.get(side, math.inf), c)
                 else:
                     t, n = run_hf(model, tok, prompts, lens, int(side[2:]))
                 assert n == tokens
                 best[side] = min(best[side], t)
-                print(f"  {side:>5} run {rep}: {t:7.2f} s  {n / t:8.0f} tok/s")
-    engine.close()
-    hf_side = min(sides[1:], key=best.get)
-    hf_best = best[hf_side]
-    row = {
-        "bench": "rollout_throughput", "model": name, "params_m": round(n_params / 1e6, 1),
-        "rlvr_tok_s": round(tokens / best["rlvr"], 1), "hf_tok_s": round(tokens / hf_best, 1),
-        "hf_setup": f"{hf_side[2:]} prompts x {N_SAMPLES} per generate call",
-        "ratio": round(hf_best / best["rlvr"], 2),
-    }
-    print(f"  rlvr {row['rlvr_tok_s']:.0f} tok/s vs HF generate {row['hf_tok_s']:.0f} tok/s "
-          f"({row['hf_setup']}): {row['ratio']:.2f}x")
+                print(f"  {side:>8} run {rep}: {t:7.2f} s  {n / t:8.0f} tok/s" + (f"  cpu {c:6.2f} s" if side in engines else ""))
+    for engine in engines.values():
+        engine.close()
+    row = {"bench": "rollout_throughput", "model": name, "params_m": round(n_params / 1e6, 1),
+           "rlvr_tok_s": round(tokens / best["rlvr"], 1), "rlvr_cpu_s": round(cpu["rlvr"], 2)}
+    if not args.skip_hf:
+        hf_side = min(sides[len(engines):], key=best.get)
+        row |= {"hf_tok_s": round(tokens / best[hf_side], 1),
+                "hf_setup": f"{hf_side[2:]} prompts x {N_SAMPLES} per generate call",
+                "ratio": round(best[hf_side] / best["rlvr"], 2)}
+        print(f"  rlvr {row['rlvr_tok_s']:.0f} tok/s vs HF generate {row['hf_tok_s']:.0f} tok/s "
+              f"({row['hf_setup']}): {row['ratio']:.2f}x")
+    if args.deterministic_mode:
+        row |= {"det_tok_s": round(tokens / best["rlvr-det"], 1), "det_cpu_s": round(cpu["rlvr-det"], 2),
+                "det_wall_cost": round(best["rlvr-det"] / best["rlvr"], 2),
+                "det_cpu_cost": round(cpu["rlvr-det"] / cpu["rlvr"], 2)}
+        print(f"  deterministic mode: {row['det_tok_s']:.0f} tok/s vs {row['rlvr_tok_s']:.0f}: "
+              f"{row['det_wall_cost']:.2f}x the wall time, {row['det_cpu_cost']:.2f}x the CPU time")
     return row
 
 
@@ -137,6 +155,8 @@ def main() -> None:
     p.add_argument("--max-batch-size", type=int, default=512)
     p.add_argument("--hf-prompts-per-call", type=int, nargs="+", default=[8, 64])
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--deterministic-mode", action="store_true", help="also time the engine's deterministic mode")
+    p.add_argument("--skip-hf", action="store_true", help="time rlvr's engine only")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     rows = []

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -56,3 +58,16 @@ def arith_files(tmp_path_factory) -> tuple[Path, Path]:
 def write_lines(path: Path, lines: list[str | dict]) -> Path:
     path.write_text("".join((json.dumps(x) if isinstance(x, dict) else x) + "\n" for x in lines))
     return path
+
+
+@pytest.fixture()
+def busy_cpu():
+    """A process spinning on the CPU for the whole test: the contention under which thread timing,
+    and with it the order requests reach an engine, changes from run to run."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield spinner.pid
+        assert spinner.poll() is None, "the busy process stopped before the test ended"
+    finally:
+        spinner.kill()
+        spinner.wait()

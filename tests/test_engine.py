@@ -203,9 +203,14 @@ def test_abort_one_request_by_rid(setup):
     assert b.finish_reason == "abort" and len(b.token_ids) < 400
 
 
-def test_seed_reproduces_a_request_whatever_runs_beside_it(setup):
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_seed_reproduces_a_request_whatever_runs_beside_it(setup, deterministic):
+    """A seeded request draws the same uniforms alone or in a crowd. Without deterministic mode its
+    logits share a forward with the crowd's, whose size changes how the matmuls are blocked, so
+    log-probs agree to ~1e-6 (a token could flip only if its uniform fell that close to a CDF
+    boundary); with it the request's group decodes alone and everything is equal bit for bit."""
     tok, model = setup
-    eng = EmbeddedEngine(model, pad_token_id=tok.pad_token_id, seed=0)
+    eng = EmbeddedEngine(model, pad_token_id=tok.pad_token_id, seed=0, deterministic=deterministic)
     p, q = _arith_prompts(tok, 2)
     seeded = GenerateRequest(p, SamplingParams(max_new_tokens=12, seed=42))
     alone = eng.generate_sync([seeded])[0]
@@ -213,6 +218,10 @@ def test_seed_reproduces_a_request_whatever_runs_beside_it(setup):
     other_seed = eng.generate_sync([GenerateRequest(p, SamplingParams(max_new_tokens=12, seed=43))])[0]
     assert alone.token_ids == crowded.token_ids
     assert other_seed.token_ids != alone.token_ids
+    if deterministic:
+        assert alone.log_probs == crowded.log_probs
+    else:
+        torch.testing.assert_close(torch.tensor(alone.log_probs), torch.tensor(crowded.log_probs), atol=1e-5, rtol=0)
 
 
 def test_stop_string_finishes_with_stop(setup):

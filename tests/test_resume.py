@@ -1,6 +1,7 @@
 """Exact resume: a run killed (SIGKILL) mid-rollout and resumed with --load logs the same values as
-an uninterrupted run; a SIGKILL mid-save leaves the previous checkpoint loadable. Real processes
-through the real CLI; ``RLVR_TEST_SIGKILL_AT`` makes the kill land at a chosen point."""
+an uninterrupted run, bit for bit, with --deterministic-mode and a busy process beside it; a SIGKILL
+mid-save leaves the previous checkpoint loadable. Real processes through the real CLI;
+``RLVR_TEST_SIGKILL_AT`` makes the kill land at a chosen point."""
 
 import json
 import os
@@ -51,15 +52,20 @@ def small_eval(arith_files, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_sigkill_mid_rollout_then_resume_matches_uninterrupted_run(tiny_qwen2, arith_files, small_eval, tmp_path):
+@pytest.mark.parametrize("extra", [(), ("--lora-rank", "4", "--lr", "1e-2")], ids=["full", "lora"])
+def test_sigkill_mid_rollout_then_resume_matches_uninterrupted_run(tiny_qwen2, arith_files, small_eval, tmp_path,
+                                                                  extra, busy_cpu):
+    """Every value the resumed process logs equals the uninterrupted run's exactly. A busy process
+    runs beside both, so requests reach the engine in a different order in each run: only the
+    batch-invariant engine and index-keyed seeds of --deterministic-mode make the values equal."""
     train = arith_files[0]
-    full = rlvr(*args(tiny_qwen2, train, small_eval, tmp_path / "full"))
+    extra = ("--deterministic-mode", *extra)
+    full = rlvr(*args(tiny_qwen2, train, small_eval, tmp_path / "full", *extra))
     assert full.returncode == 0, full.stderr[-3000:]
-
-    killed = rlvr(*args(tiny_qwen2, train, small_eval, tmp_path / "resumed"), kill_at="rollout:4")
+    killed = rlvr(*args(tiny_qwen2, train, small_eval, tmp_path / "resumed", *extra), kill_at="rollout:4")
     assert killed.returncode == -signal.SIGKILL
     assert read_latest(tmp_path / "resumed" / "ckpt") == 4
-    resumed = rlvr(*args(tiny_qwen2, train, small_eval, tmp_path / "resumed"))
+    resumed = rlvr(*args(tiny_qwen2, train, small_eval, tmp_path / "resumed", *extra))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stderr and "rollout 4" in resumed.stderr
     assert "differ from the checkpoint" not in resumed.stderr
@@ -75,14 +81,13 @@ def test_sigkill_mid_rollout_then_resume_matches_uninterrupted_run(tiny_qwen2, a
     # Not trivially equal: the values move from rollout to rollout.
     assert a[("train/step", 10)]["train/entropy_loss"] != a[("train/step", 12)]["train/entropy_loss"]
     assert a[("train/step", 12)]["train/kl_loss"] > 0
-    worst, compared = 0.0, 0
+    compared = 0
     for k in a:
         assert a[k].keys() == b[k].keys(), k
         for name, x in a[k].items():
-            assert x == pytest.approx(b[k][name], abs=1e-6), (k, name, x, b[k][name])
-            if x is not None and k in late:
-                worst, compared = max(worst, abs(x - b[k][name])), compared + 1
-    print(f"resume: {compared} values after the kill, max |uninterrupted - resumed| = {worst:g}")
+            assert x == b[k][name], (k, name, x, b[k][name])  # bit for bit
+            compared += k in late
+    print(f"resume: {compared} values logged after the kill, all equal to the uninterrupted run's")
     # The metric streams are one run's: samples.jsonl has each rollout once, config kept.
     rollouts = [json.loads(line)["rollout_id"] for line in (tmp_path / "resumed" / "samples.jsonl").open()]
     assert sorted(set(rollouts)) == list(range(6)) and rollouts == sorted(rollouts)

@@ -35,6 +35,7 @@ broken mask; ``--mask-offpolicy-in-partial-rollout`` is moot for these samples.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import json
 import logging
@@ -47,6 +48,7 @@ from rlvr.agents.contract import FailureLog, check_failure_limit, check_signatur
 from rlvr.agents.session import EngineHandle
 from rlvr.engine.base import SamplingParams
 from rlvr.core.errors import ConfigError
+from rlvr.engine.sampling import request_seed
 from rlvr.core.registry import load_function
 from rlvr.core.types import Sample, Status
 
@@ -158,6 +160,9 @@ class Agent:
         handle = EngineHandle(self.engine, self.tokenizer, session=s.uid or f"i{s.index}")
         token = _CONTEXT.set(self._context(handle))
         try:
+            if self.rollout is not None:  # the sample's own seed (its turns: EngineHandle), by identity
+                params = dataclasses.replace(params, seed=request_seed(self.rollout.sample_seed(s),
+                                                                       s.metadata.get("agent_regenerated", 0)))
             out = await call_maybe_async(self.generate_fn, self.cfg, s, sampling_dict(params))
             if handle.session in self._open_sessions and isinstance(out, Sample) and not out.response_ids:
                 self.proxy.fill(handle.session, out)  # an OpenAI-client agent: its recorded calls are the sample

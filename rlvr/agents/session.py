@@ -17,6 +17,7 @@ import itertools
 from typing import AsyncIterator
 
 from rlvr.engine.base import GenerateRequest, GenerateResult, SamplingParams
+from rlvr.engine.sampling import request_seed
 from rlvr.engine.streaming import stream_generate
 
 _FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
@@ -53,8 +54,10 @@ class EngineHandle:
 
     def _request(self, input_ids: list[int], sampling_params: SamplingParams | dict) -> GenerateRequest:
         self.calls += 1
-        return GenerateRequest(list(input_ids), to_sampling_params(sampling_params), rid=f"{self.session}#{self.calls}",
-                               session=self.session)
+        params = to_sampling_params(sampling_params)
+        if params.seed is not None and self.calls > 1:  # turn t of a seeded sample draws a stream of its own
+            params = dataclasses.replace(params, seed=request_seed(params.seed, self.calls))
+        return GenerateRequest(list(input_ids), params, rid=f"{self.session}#{self.calls}", session=self.session)
 
     async def stream(self, input_ids: list[int], sampling_params: SamplingParams | dict) -> AsyncIterator[GenerateResult]:
         """``generate`` as increments, token by token where the engine streams

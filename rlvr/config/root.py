@@ -116,6 +116,10 @@ class Config:
         if self.asynchronous.async_train and (self.run.debug_rollout_only or self.run.debug_train_only):
             raise ConfigError("--async", "overlaps sampling and training; the debug split (--debug-rollout-only, "
                               "--debug-train-only, --load-debug-rollout-data) runs one of them alone: drop one")
+        if self.asynchronous.async_train and self.run.deterministic_mode:
+            raise ConfigError("--deterministic-mode", "is not kept by --async: the producer's weight pushes land "
+                              "mid-generation at times thread timing decides, so tokens' weight versions vary from "
+                              "run to run; drop --async for a bit-for-bit repeatable run (docs/slime_flags.md)")
         uses_ref = self.algo.use_kl_loss or self.algo.kl_coef != 0
         for name in ("ref_load", "ref_update_interval"):
             if getattr(self.train, name) is not None and not uses_ref:

@@ -14,6 +14,16 @@ How it is fast for RL's shape (n samples of one prompt, very uneven lengths):
 A single worker thread owns the model and the batch (``rlvr.engine.kv``); it decodes one token
 for every row per step. Callers only touch queues under a condition variable.
 
+Deterministic mode (``deterministic=True``, ``--deterministic-mode``): which rows share a forward
+changes how the matmuls are blocked, and so the last bits of every row's logits (measured on the
+tiny Qwen2: up to ~1e-6 in a log-prob), and continuous batching forms its batch from whatever has
+arrived. In this mode every *group* (one call's requests with the same prompt, at most
+``max_batch_size`` rows and what the KV budget holds alone) is a lane of its own: prefilled alone,
+decoded in a forward of its own rows only, never joined by others. A request's tokens and
+log-probs are then a function of its group, the weights and the seeds, whatever else runs and
+whenever it arrived (bit for bit on one machine and thread count). The cost is one forward per
+group per step instead of one per step (``benchmarks/rollout_throughput.py --deterministic-mode``).
+
 Abort: ``abort()`` finishes every request submitted before the call, ``abort(rid)`` one
 request; they come back with their tokens so far and reason ``abort`` after at most the decode
 step that was running. ``update_weights`` takes effect between two decode steps: a request in
@@ -97,6 +107,15 @@ class _Group:
     rows: list[_Row]
 
 
+@dataclass
+class _Lane:
+    """Rows decoded together, one forward per step, in batch order: the whole running batch, or
+    in deterministic mode one group's rows."""
+
+    rows: list[_Row] = field(default_factory=list)
+    batch: kv.KVBatch | None = None
+
+
 class EmbeddedEngine:
     """In-process engine. Holds its own copy of the weights (the trainer pushes new ones), except a
     LoRA policy's frozen base, which it shares with the trainer."""
@@ -113,6 +132,7 @@ class EmbeddedEngine:
         dtype: torch.dtype | None = None,
         kv_budget_bytes: int | None = None,
         mem_fraction: float | None = None,
+        deterministic: bool = False,
     ):
         self._shared: set[str] = set()  # parameters that are the trainer's own tensors (never written here)
         if isinstance(model, PreTrainedModel):
@@ -139,6 +159,7 @@ class EmbeddedEngine:
         # router chose for every position it ran (prompt and sampled tokens): rlvr.models.moe.
         self.routing = RoutingRecorder(self.model) if return_routed_experts else None
         self.device, self.pad_token_id, self.max_batch_size = device, pad_token_id, max_batch_size
+        self.deterministic = deterministic  # one lane per group (module docstring)
         self.tokenizer = tokenizer  # needed only for stop strings
         self.generator = torch.Generator().manual_seed(seed)  # CPU: draws each request's seed
         if mem_fraction is not None:  # --sglang-mem-fraction-static: weights + KV within this share
@@ -151,8 +172,7 @@ class EmbeddedEngine:
         self._cv = threading.Condition()
         self._step_lock = threading.Lock()  # held for one model step; weight updates wait for it
         self._pending: deque[_Group] = deque()
-        self._rows: list[_Row] = []  # rows of the running batch, in batch order
-        self._batch: kv.KVBatch | None = None
+        self._lanes: list[_Lane] = []  # the running rows: one lane, or one per group in deterministic mode
         self._seq = itertools.count()
         self._abort_before = 0  # rows with seq below this are aborted
         self._abort_rids: set[str] = set()
@@ -275,7 +295,7 @@ class EmbeddedEngine:
         """What the engine is doing now (SGLang's ``/get_load`` fields, plus decode steps so far)."""
         with self._cv:
             waiting = sum(len(g.rows) for g in self._pending)
-            running = len(self._rows)
+            running = sum(len(lane.rows) for lane in self._lanes)
         return {"num_reqs": running + waiting, "num_waiting_reqs": waiting, "decode_steps": self.steps}
 
     def health(self) -> bool:
@@ -304,7 +324,7 @@ class EmbeddedEngine:
                     continue
                 shapes[name] = p.shape
                 p.data = torch.empty(0, dtype=p.dtype, device=self.device)
-            self._asleep, self._batch = shapes, None
+            self._asleep, self._lanes = shapes, []
 
     def wake(self) -> None:
         with self._step_lock, self._cv:  # lock order as in the worker: step, then queue
@@ -335,27 +355,41 @@ class EmbeddedEngine:
         if self._asleep is not None or self._needs_weights:
             raise RuntimeError("generate: the engine is asleep or woke without weights; wake() + update_weights()")
         call = _Call([None] * len(requests), done, left=len(requests))
-        groups: dict[tuple[int, ...], _Group] = {}
+        groups: dict[tuple[int, ...], list[_Row]] = {}
         with self._cv:
             if self._closed:
                 raise RuntimeError("generate: the engine is closed")
             for i, r in enumerate(requests):
-                # Every request samples from a generator of its own, seeded here in submission
-                # order (the engine's stream, or the request's seed): its tokens do not depend on
-                # thread timing or batch company, so a run repeats (and resumes) exactly.
+                # Every request samples from a generator of its own, seeded with the request's seed
+                # (the rollout derives it from the sample's identity: rlvr.engine.sampling.request_seed)
+                # or, without one, from the engine's stream in submission order.
                 seed = r.params.seed
                 if seed is None:
                     seed = int(torch.randint(0, 2**62, (1,), generator=self.generator, device="cpu"))
                 row = _Row(r, call, i, next(self._seq), torch.Generator(device=self.device).manual_seed(seed),
                            on_token=on_token)
-                key = tuple(r.prompt_ids)
-                if key not in groups:
-                    groups[key] = _Group(list(r.prompt_ids), [])
-                    self._pending.append(groups[key])
-                groups[key].rows.append(row)
+                groups.setdefault(tuple(r.prompt_ids), []).append(row)
+            for prompt, rows in groups.items():
+                self._pending.extend(_Group(list(prompt), chunk) for chunk in self._chunks(rows))
             self._ensure_worker()
             self._cv.notify_all()
         return call
+
+    def _chunks(self, rows: list[_Row]) -> list[list[_Row]]:
+        """A group's rows as they wait: whole, or in deterministic mode cut into lanes that each fit
+        an empty engine (``max_batch_size`` rows, the KV budget), so a lane's rows depend on the
+        group alone, never on what else is running when it starts."""
+        if not self.deterministic:
+            return [rows]
+        out = []
+        while rows:
+            take = min(len(rows), self.max_batch_size)
+            if self.kv_budget_bytes is not None:  # a row that cannot fit even alone is refused at admission
+                widths = [len(r.req.prompt_ids) + r.req.params.max_new_tokens for r in rows[:take]]
+                take = max(1, kv.rows_within_budget([], widths, self.kv_token_bytes, self.kv_budget_bytes))
+            out.append(rows[:take])
+            rows = rows[take:]
+        return out
 
     def _ensure_worker(self) -> None:
         if self._worker is None or not self._worker.is_alive():
@@ -386,23 +420,28 @@ class EmbeddedEngine:
                 log.exception("engine step failed; %d requests in flight end with finish reason 'error'",
                               self._live() + sum(len(g.rows) for g in admitted))
                 with self._cv:
-                    for r in [r for r in self._rows if not r.done] + [r for g in admitted for r in g.rows]:
+                    for r in [r for r in self._running() if not r.done] + [r for g in admitted for r in g.rows]:
                         self._finish(r, "error", {"error": repr(e)})
-                    self._rows, self._batch = [], None
+                    self._lanes = []
 
     def _aborted(self, row: _Row) -> bool:
         return row.seq < self._abort_before or row.req.rid in self._abort_rids or row.call.cancelled
 
+    def _running(self) -> list[_Row]:
+        return [r for lane in self._lanes for r in lane.rows]
+
     def _live(self) -> int:
-        return sum(not r.done for r in self._rows)
+        return sum(not r.done for r in self._running())
 
     def _apply_aborts(self) -> None:
         """Finish aborted rows (running and waiting) with their tokens so far. Holds ``_cv``."""
-        aborted = [r for r in self._rows if not r.done and self._aborted(r)]
-        for r in aborted:
-            self._finish(r, "abort")
-        if aborted:
-            self._compact()
+        for lane in self._lanes:
+            aborted = [r for r in lane.rows if not r.done and self._aborted(r)]
+            for r in aborted:
+                self._finish(r, "abort")
+            if aborted:
+                self._compact(lane)
+        self._lanes = [lane for lane in self._lanes if lane.rows]
         for g in self._pending:
             for r in [r for r in g.rows if self._aborted(r)]:
                 self._finish(r, "abort")
@@ -411,10 +450,12 @@ class EmbeddedEngine:
         self._abort_rids.clear()
 
     def _admit(self) -> list[_Group]:
-        """Take waiting groups into the free slots (splitting a group that does not fit). Holds ``_cv``.
+        """Take waiting groups into the free slots. Holds ``_cv``.
 
         Joining copies the running batch's cache, so rows join in waves: when the batch is empty,
-        when an eighth of the slots are free, or when everything waiting fits."""
+        when an eighth of the slots are free, or when everything waiting fits. A group that does
+        not fit is split, except in deterministic mode, where a group starts whole (it was cut to
+        fit an empty engine when it was submitted) and in submission order."""
         live = self._live()
         free = self.max_batch_size - live
         waiting = sum(len(g.rows) for g in self._pending)
@@ -424,10 +465,10 @@ class EmbeddedEngine:
         while self._pending and free > 0:
             g = self._pending[0]
             take = min(len(g.rows), free, self._fits(admitted, g))
-            if take == 0:
-                if not self._rows and not admitted:  # alone in an empty engine and still too big
-                    self._refuse_over_budget(g)
-                    continue
+            if take == 0 and not self._lanes and not admitted:  # alone in an empty engine and still too big
+                self._refuse_over_budget(g)
+                continue
+            if take == 0 or (self.deterministic and take < len(g.rows)):
                 break
             if take == len(g.rows):
                 admitted.append(self._pending.popleft())
@@ -441,7 +482,7 @@ class EmbeddedEngine:
         """Rows of ``g`` that fit the KV budget beside the batch and ``admitted`` (no budget: all)."""
         if self.kv_budget_bytes is None:
             return len(g.rows)
-        widths = [len(r.req.prompt_ids) + r.req.params.max_new_tokens for r in self._rows]
+        widths = [len(r.req.prompt_ids) + r.req.params.max_new_tokens for r in self._running()]
         widths += [len(a.prompt) + r.req.params.max_new_tokens for a in admitted for r in a.rows]
         return kv.rows_within_budget(widths, [len(g.prompt) + r.req.params.max_new_tokens for r in g.rows],
                                      self.kv_token_bytes, self.kv_budget_bytes)
@@ -457,9 +498,9 @@ class EmbeddedEngine:
             self._pending.popleft()
 
     def _fail_all(self, error: BaseException) -> None:
-        calls = {id(r.call): r.call for r in self._rows}
+        calls = {id(r.call): r.call for r in self._running()}
         calls |= {id(r.call): r.call for g in self._pending for r in g.rows}
-        self._rows, self._batch, self._pending = [], None, deque()
+        self._lanes, self._pending = [], deque()
         for call in calls.values():
             if call.left > 0:
                 call.left = 0
@@ -477,48 +518,61 @@ class EmbeddedEngine:
         )
         row.call.finish(row.index, result)
 
-    def _compact(self, new: tuple[list[_Row], kv.KVBatch] | None = None) -> None:
-        """Drop finished rows from the batch and append ``new`` rows. Holds ``_cv``."""
-        keep = [i for i, r in enumerate(self._rows) if not r.done]
-        if len(keep) < len(self._rows):
-            self._batch = kv.select(self._batch, self._index(keep)) if keep else None
-            self._rows = [self._rows[i] for i in keep]
+    def _compact(self, lane: _Lane, new: tuple[list[_Row], kv.KVBatch] | None = None) -> None:
+        """Drop finished rows from ``lane`` and append ``new`` rows. Holds ``_cv``."""
+        keep = [i for i, r in enumerate(lane.rows) if not r.done]
+        if len(keep) < len(lane.rows):
+            lane.batch = kv.select(lane.batch, self._index(keep)) if keep else None
+            lane.rows = [lane.rows[i] for i in keep]
         if new is not None and new[0]:
-            self._batch = kv.concat(self._batch, new[1])
-            self._rows = self._rows + new[0]
-            self.peak_running = max(self.peak_running, len(self._rows))
+            lane.batch = kv.concat(lane.batch, new[1])
+            lane.rows = lane.rows + new[0]
 
     @torch.no_grad()
     def _step(self, admitted: list[_Group]) -> None:
-        """One decode step for the running rows, then prefill + first token for the admitted groups."""
-        if self._rows:
-            b = self._batch
-            mask = torch.cat([b.mask, b.mask.new_ones(len(b), 1)], dim=1)
-            logits = self.model(
-                input_ids=b.last.unsqueeze(-1), attention_mask=mask, position_ids=b.next_pos.unsqueeze(-1),
-                cache=b.cache, use_cache=True,
-            ).logits[:, -1, :].float()
-            self.steps += 1
-            if self.routing is not None:  # the routing of each row's last token, fed this step
-                routes = self.routing.take()
-                for i, r in enumerate(self._rows):
-                    if not r.done:
-                        r.routes.append(routes[i : i + 1])
-            b = kv.KVBatch(b.cache, mask, b.next_pos + 1, b.last)
-            b.last = self._sample_rows(self._rows, logits)
-            self._batch = b
-            self._retire(self._rows)
-        new = None
-        if admitted:
-            rows, batch = self._prefill(admitted)
+        """One decode step for the running rows (a forward per lane), then prefill + first token for
+        the admitted groups: joining the running lane, or in deterministic mode each a new lane."""
+        for lane in self._lanes:
+            if lane.rows:
+                self._decode(lane)
+        joining = [[g] for g in admitted] if self.deterministic else [admitted] if admitted else []
+        new = []
+        for groups in joining:
+            rows, batch = self._prefill(groups)
             keep = self._retire(rows)
-            new = ([rows[i] for i in keep], kv.select(batch, self._index(keep)) if keep else None)
+            new.append(([rows[i] for i in keep], kv.select(batch, self._index(keep)) if keep else None))
         with self._cv:
-            # Dead rows still ride along (wasted compute) until an eighth of the batch is dead:
-            # compacting copies the whole cache, so doing it on every finish costs more.
-            dead = len(self._rows) - self._live()
-            if new is not None or (dead and dead >= max(1, len(self._rows) // 8)):
-                self._compact(new)
+            for rows_batch in new:  # without deterministic mode there is one lane at most
+                if self.deterministic or not self._lanes:
+                    self._lanes.append(_Lane())
+                self._compact(self._lanes[-1], rows_batch)
+            for lane in self._lanes:
+                # Dead rows still ride along (wasted compute) until an eighth of the lane is dead:
+                # compacting copies the whole cache, so doing it on every finish costs more.
+                dead = sum(r.done for r in lane.rows)
+                if dead and dead >= max(1, len(lane.rows) // 8):
+                    self._compact(lane)
+            self._lanes = [lane for lane in self._lanes if lane.rows]
+            self.peak_running = max(self.peak_running, len(self._running()))
+
+    def _decode(self, lane: _Lane) -> None:
+        """One token for every row of ``lane``: a forward over its cache."""
+        b = lane.batch
+        mask = torch.cat([b.mask, b.mask.new_ones(len(b), 1)], dim=1)
+        logits = self.model(
+            input_ids=b.last.unsqueeze(-1), attention_mask=mask, position_ids=b.next_pos.unsqueeze(-1),
+            cache=b.cache, use_cache=True,
+        ).logits[:, -1, :].float()
+        self.steps += 1
+        if self.routing is not None:  # the routing of each row's last token, fed this step
+            routes = self.routing.take()
+            for i, r in enumerate(lane.rows):
+                if not r.done:
+                    r.routes.append(routes[i : i + 1])
+        b = kv.KVBatch(b.cache, mask, b.next_pos + 1, b.last)
+        b.last = self._sample_rows(lane.rows, logits)
+        lane.batch = b
+        self._retire(lane.rows)
 
     def _prefill(self, groups: list[_Group]) -> tuple[list[_Row], kv.KVBatch]:
         """Run each group's prompt once (left-padded together), fan the cache out to its rows

@@ -61,8 +61,10 @@ class ServeProcesses:
     batched = False  # one request per POST: a prompt group's requests spread over the engines
 
     def __init__(self, checkpoint: str | Path, *, seed: int = 0, max_running_requests: int = 256,
-                 log_dir: str | Path | None = None, request_timeout: float = 600.0, routed_experts_top_k: int = 0):
+                 log_dir: str | Path | None = None, request_timeout: float = 600.0, routed_experts_top_k: int = 0,
+                 deterministic: bool = False):
         self.checkpoint, self.seed, self.max_running_requests = str(checkpoint), seed, max_running_requests
+        self.deterministic = deterministic  # --deterministic-mode: each server decodes batch-invariantly
         self.routed_experts_top_k = routed_experts_top_k  # R3: servers record, requests ask for the routing
         self.request_timeout = request_timeout
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="rlvr-engines-"))
@@ -78,6 +80,8 @@ class ServeProcesses:
                "--seed", str(seed), "--max-running-requests", str(self.max_running_requests)]
         if self.routed_experts_top_k:
             cmd.append("--enable-return-routed-experts")
+        if self.deterministic:
+            cmd.append("--deterministic-mode")
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("RLVR_ENGINE_THREADS", "1"))
         with open(self.log_dir / f"engine{index}.log", "ab") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)

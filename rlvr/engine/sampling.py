@@ -6,11 +6,31 @@ vocabulary — the same quantity the trainer recomputes (it divides logits by
 train/inference mismatch, not a definition gap. Top-p/top-k restrict *which* tokens can be
 drawn; the returned log-prob is not renormalised over the kept set (slime/SGLang convention).
 Greedy rows (temperature 0) take the argmax and report the log-prob at temperature 1.
+
+Seeds: ``request_seed`` names a request's random stream by what the request *is* (run seed,
+the sample's draw number and index in its group, its turn), never by the order requests reach
+the engine, so the tokens a seed draws do not depend on thread timing.
 """
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
+
+
+def request_seed(*key: int | str) -> int:
+    """A 62-bit sampling seed that is a pure function of ``key`` (e.g. run seed, draw number,
+    sample index, turn): the same key gives the same seed in every process, a different key an
+    unrelated one (BLAKE2b of the key tuple's repr).
+
+    >>> request_seed(1234, 7, 0, 0) == request_seed(1234, 7, 0, 0)
+    True
+    >>> request_seed(1234, 7, 0, 0) == request_seed(1234, 7, 1, 0)
+    False
+    """
+    digest = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 2
 
 
 def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

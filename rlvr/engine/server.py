@@ -449,6 +449,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--enable-return-routed-experts", action="store_true",
                    help="MoE: record each position's routed experts; a /generate with return_routed_experts gets them (R3)")
     p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
+    p.add_argument("--deterministic-mode", action="store_true",
+                   help="batch-invariant decoding (one forward per prompt group) and torch's deterministic algorithms")
     p.add_argument("--mem-fraction-static", type=float, default=None,
                    help="fraction of the device's memory for weights + KV cache (SGLang's flag; default: no budget)")
     a = p.parse_args(argv)
@@ -460,11 +462,16 @@ def main(argv: list[str]) -> None:
         raise ConfigError("--mem-fraction-static", f"must be in (0, 1], got {a.mem_fraction_static}")
     from rlvr.core.device import resolve
 
+    if a.deterministic_mode:  # before the first CUDA call (rlvr.core.determinism)
+        from rlvr.core.determinism import use_deterministic_mode
+
+        use_deterministic_mode()
     device = resolve(a.device)
     tokenizer = load_tokenizer(a.hf_checkpoint)
     engine = EmbeddedEngine(a.hf_checkpoint, pad_token_id=tokenizer.pad_token_id, seed=a.seed,
                             max_batch_size=a.max_running_requests, tokenizer=tokenizer, device=device,
-                            mem_fraction=a.mem_fraction_static, return_routed_experts=a.enable_return_routed_experts)
+                            mem_fraction=a.mem_fraction_static, return_routed_experts=a.enable_return_routed_experts,
+                            deterministic=a.deterministic_mode)
     server = Server(engine, tokenizer, a.served_model_name or a.hf_checkpoint)
     print(f"rlvr serve: {a.hf_checkpoint} on http://{a.host}:{a.port}", flush=True)
     web.run_app(server.app(), host=a.host, port=a.port, print=None)

@@ -10,8 +10,9 @@ arithmetic task; and ``sft/`` the bootstrap checkpoint GRPO starts from, made by
 ``rlvr demo --seed N`` changes the bootstrap's data order and training seed and GRPO's prompt
 order and sampling; its bootstrap goes to ``assets/seed-N/sft`` and its runs to
 ``runs/arith-*-seed-N``, so the default seed's assets are never overwritten. The bootstrap is
-reproducible given the seed and thread count; GRPO is not bit-for-bit (the engine's batches form as
-the rollout's requests arrive), and its gain varies by a few points between runs (README).
+reproducible given the seed and thread count; GRPO is bit-for-bit only with ``--deterministic-mode``
+(without it the engine's batches form as the rollout's requests arrive, and its gain varies by a
+few points between runs: README).
 """
 
 from __future__ import annotations

@@ -11,6 +11,15 @@ the decoding of the other groups. A reward that fails is contained by the grader
 ``--reward-failure-value``, its metadata records the reason, ``rollout/reward_errors`` counts it,
 and the run goes on. Extra numeric fields of dict rewards (and a composite's parts) are logged
 as ``rollout/reward/<field>``.
+
+Randomness is keyed by identity: every request's seed is ``request_seed(--seed, the sample's uid
+(the prompt's draw number in the run and the sample's index in its group), tokens it already has)``
+and eval samples' ``(--seed, set name, prompt position, sample index)``, so the tokens a sample draws
+do not depend on the order the groups reach the engine (and every evaluation draws the same
+numbers: differences between two evaluations are the policy's, not the draw's). With
+``deterministic`` (``--deterministic-mode``) dynamic sampling also decides by index: each round's
+groups all finish, are filed in submission order, and none is aborted, so which groups are kept
+does not depend on which finished first.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from rlvr.algo.shaping import overlong_penalty
 from rlvr.config import EvalConfig, RolloutConfig
 from rlvr.data.dataset import DataSource, PromptRecord, render_prompt
 from rlvr.engine.base import Engine, GenerateRequest, GenerateResult, SamplingParams
+from rlvr.engine.sampling import request_seed
 from rlvr.observe.rollout_metrics import pass_rates, rollout_metrics
 from rlvr.core.registry import resolve
 from rlvr.rewards.grader import Grader
@@ -52,9 +62,12 @@ class Rollout:
         chat_template_kwargs: dict | None = None,
         agent=None,
         slime_args=None,
+        seed: int = 0,
+        deterministic: bool = False,
     ):
         self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
         self.data_source, self.grader = data_source, grader
+        self.seed, self.deterministic = seed, deterministic  # --seed, --deterministic-mode (module docstring)
         self.apply_chat_template, self.chat_template_kwargs = apply_chat_template, chat_template_kwargs
         # What slime-signature plugins get as ``args`` (rlvr.compat.slime.plugins; default: the rollout settings)
         self.slime_args = slime_args or SlimeArgs(cfg)
@@ -86,7 +99,8 @@ class Rollout:
             return self.make_batch(rollout_id, check_groups(groups, cfg), time.perf_counter() - t0, metrics)
         # Sample groups until enough pass the dynamic-sampling filter (one round without a filter);
         # groups still in flight then are aborted (and buffered with --partial-rollout).
-        kept, dropped, rounds, partial = asyncio.run(self._collect(self.sampling_params()))
+        collect = self._collect_in_order if self.deterministic else self._collect
+        kept, dropped, rounds, partial = asyncio.run(collect(self.sampling_params()))
         unfilled = cfg.rollout_batch_size - len(kept)
         if unfilled > 0:  # the batch size is part of the contract: top up with dropped groups, loudly
             log.warning("rollout %d: only %d groups passed the filter in %d rounds; %d dropped groups reused",
@@ -150,7 +164,7 @@ class Rollout:
             groups, _ = self.agent.run_rollout(None, EvalData(name, records, cfg.n_samples_per_eval_prompt), True)
             samples = [s for g in groups for s in g]
         else:
-            samples = self._sample(records, cfg.n_samples_per_eval_prompt, params, shape=False)
+            samples = self._sample(records, cfg.n_samples_per_eval_prompt, params, shape=False, name=name)
         if self.agent is not None:
             self.agent.check_failures(samples, f"eval set {name}")
         k = cfg.n_samples_per_eval_prompt
@@ -178,10 +192,14 @@ class Rollout:
         return self._prompt_cache[key]
 
     def _sample(
-        self, records: list[PromptRecord], n: int, params: SamplingParams, shape: bool = True
+        self, records: list[PromptRecord], n: int, params: SamplingParams, shape: bool = True, name: str = "eval"
     ) -> list[Sample]:
-        """``n`` graded samples per record; ``shape`` applies reward shaping (training only)."""
+        """``n`` graded samples per record; ``shape`` applies reward shaping (training only). The
+        samples' uids ``eval:<name>:<g>/<j>`` (not drawn from the data source) key their seeds."""
         groups = [self.new_group(record, g, n) for g, record in enumerate(records)]
+        for g, group in enumerate(groups):
+            for j, s in enumerate(group):
+                s.uid = f"eval:{name}:{g}/{j}"
         asyncio.run(self._run_groups(groups, params, shape))
         return [s for group in groups for s in group]
 
@@ -251,13 +269,41 @@ class Rollout:
             if cfg.partial_rollout:
                 self.data_source.add_partial(partial)
             dropped += [g for g in leftover if g not in partial]
+        return kept, dropped, rounds, self._collect_metrics(kept, aborted, resumed)
+
+    async def _collect_in_order(self, params: SamplingParams) -> tuple[list, list, int, dict[str, float]]:
+        """``_collect`` decided by index (``--deterministic-mode``): rounds of
+        ``--over-sampling-batch-size`` groups run to the end, one round at a time, and are filed in
+        submission order; the first ``--rollout-batch-size`` that pass the filter are kept and the
+        rest dropped. Nothing is aborted, so the partial-rollout buffer only gives back what it held."""
+        cfg = self.cfg
+        target, per_round = cfg.rollout_batch_size, cfg.over_sampling_batch_size or cfg.rollout_batch_size
+        kept: list[list[Sample]] = []
+        dropped: list[list[Sample]] = []
+        rounds, resumed, aborted = 0, 0, 0
+        while len(kept) < target and rounds < cfg.dynamic_sampling_max_rounds:
+            rounds += 1
+            groups = self.data_source.take_partial(per_round)
+            resumed += sum(s.status == Status.ABORTED for g in groups for s in g)
+            groups += self.next_groups(per_round - len(groups))
+            await asyncio.gather(*(self.run_group(group, params, True) for group in groups))
+            for group in groups:
+                if any(s.status == Status.ABORTED for s in group):  # aborted by someone else
+                    aborted += sum(s.status == Status.ABORTED for s in group)
+                    (self.data_source.add_partial([group]) if cfg.partial_rollout else dropped.append(group))
+                elif len(kept) < target and (self.group_filter is None or self.group_filter(group)):
+                    kept.append(group)
+                else:
+                    dropped.append(group)
+        return kept, dropped, rounds, self._collect_metrics(kept, aborted, resumed)
+
+    def _collect_metrics(self, kept: list[list[Sample]], aborted: int, resumed: int) -> dict[str, float]:
         engine_errors = sum("engine_error" in s.metadata for g in kept for s in g)
         if engine_errors:
             log.warning("%d samples of this rollout failed in the engine (status failed)", engine_errors)
-        metrics = {"rollout/aborted": float(aborted), "rollout/engine_errors": float(engine_errors),
-                   "rollout/partial_rollout/resumed": float(resumed),
-                   "rollout/partial_rollout/buffered_groups": float(len(self.data_source.buffer))}
-        return kept, dropped, rounds, metrics
+        return {"rollout/aborted": float(aborted), "rollout/engine_errors": float(engine_errors),
+                "rollout/partial_rollout/resumed": float(resumed),
+                "rollout/partial_rollout/buffered_groups": float(len(self.data_source.buffer))}
 
     async def _run_groups(self, groups: list[list[Sample]], params: SamplingParams, shape: bool) -> None:
         await asyncio.gather(*(self.run_group(group, params, shape) for group in groups))
@@ -285,13 +331,20 @@ class Rollout:
         todo = [s for s in group if not s.response_ids or s.status == Status.ABORTED]
         requests = [
             GenerateRequest(s.prompt_ids + s.response_ids,
-                            dataclasses.replace(params, max_new_tokens=params.max_new_tokens - s.response_length),
+                            dataclasses.replace(params, max_new_tokens=params.max_new_tokens - s.response_length,
+                                                seed=self.sample_seed(s)),
                             rid=s.uid or str(s.index))
             for s in todo
         ]
         results = await self.engine.generate(requests)
         for s, r in zip(todo, results, strict=True):
             self._fill(s, r)
+
+    def sample_seed(self, s: Sample) -> int:
+        """``s``'s sampling seed: a function of --seed, its uid and the tokens it already has (a
+        partial rollout continued after k tokens draws a stream of its own); a sample without a uid
+        falls back to its index in the batch."""
+        return request_seed(self.seed, s.uid or f"index:{s.index}", s.response_length)
 
     def _fill(self, s: Sample, r: GenerateResult) -> None:
         """Append the engine's tokens to the sample. A resumed partial sample keeps the tokens it

@@ -19,6 +19,7 @@ from typing import Callable
 from rlvr.config import Config
 from rlvr.data.dataset import DataSource, PromptDataset, PromptRecord, read_prompts
 from rlvr.data.tokenizer import load_tokenizer
+from rlvr.core.determinism import use_deterministic_mode
 from rlvr.core.errors import ConfigError
 from rlvr.rewards.grader import Grader
 from rlvr.rollout.rollout import Rollout
@@ -92,6 +93,8 @@ def make_trainer(cfg: Config, parallel=None, device=None) -> Trainer:
     (default: what ``--device`` means on this machine; Ray ranks pass their bundle's)."""
     from rlvr.core.device import resolve
 
+    if cfg.run.deterministic_mode:  # before the trainer's first CUDA call (rlvr.core.determinism)
+        use_deterministic_mode()
     return Trainer(cfg.train, cfg.algo, temperature=cfg.rollout.rollout_temperature,
                    global_batch_size=cfg.global_batch_size, n_samples_per_prompt=cfg.rollout.n_samples_per_prompt,
                    total_steps=cfg.run.num_rollout * cfg.steps_per_rollout, parallel=parallel,
@@ -115,7 +118,8 @@ def make_rollout(cfg: Config, engine, tokenizer, records) -> Rollout:
               else DataSource(records, shuffle=d.rollout_shuffle, seed=d.rollout_seed))
     rollout = Rollout(cfg.rollout, engine, tokenizer, source,
                       Grader(cfg.reward, args), apply_chat_template=d.apply_chat_template,
-                      chat_template_kwargs=d.chat_template_kwargs(), slime_args=args)
+                      chat_template_kwargs=d.chat_template_kwargs(), slime_args=args, seed=cfg.train.seed,
+                      deterministic=cfg.run.deterministic_mode)
     a = cfg.agent
     if a.per_sample or a.rollout_function_path or cfg.eval.eval_function_path:  # multi-turn hooks (issue 17); they get the whole config, as slime's
         from rlvr.agents.hooks import Agent
@@ -138,7 +142,8 @@ def build_engine(cfg: Config, model, tokenizer):
 
         checkpoint = model if isinstance(model, (str, Path)) else cfg.train.hf_checkpoint
         processes = ServeProcesses(checkpoint, seed=cfg.train.seed, max_running_requests=r.rollout_max_running_requests,
-                                   log_dir=Path(cfg.run.output_dir) / "engines", routed_experts_top_k=routed_top_k(cfg))
+                                   log_dir=Path(cfg.run.output_dir) / "engines", routed_experts_top_k=routed_top_k(cfg),
+                                   deterministic=cfg.run.deterministic_mode)
         return EngineSupervisor(processes, r)
     if r.rollout_external_engine_addrs:
         from rlvr.engine.client import HttpEngine
@@ -155,10 +160,13 @@ def embedded_engine(cfg: Config, model, tokenizer, device=None, seed: int | None
     from rlvr.engine.embedded import EmbeddedEngine
 
     r = cfg.engine
+    if cfg.run.deterministic_mode:  # before the engine's first CUDA call (rlvr.core.determinism)
+        use_deterministic_mode()
     return EmbeddedEngine(model, pad_token_id=tokenizer.pad_token_id, seed=cfg.train.seed if seed is None else seed,
                           max_batch_size=r.rollout_max_running_requests, tokenizer=tokenizer, device=device,
                           mem_fraction=r.sglang_mem_fraction_static,
-                          return_routed_experts=cfg.train.use_rollout_routing_replay)
+                          return_routed_experts=cfg.train.use_rollout_routing_replay,
+                          deterministic=cfg.run.deterministic_mode)
 
 
 def routed_top_k(cfg: Config) -> int:

@@ -104,8 +104,6 @@ _add("ignored", "no_gradient_accumulation_fusion no_bias_swiglu_fusion no_bias_d
      "no_masked_softmax_fusion use_distributed_optimizer overlap_grad_reduce overlap_param_gather",
      "a Megatron kernel fusion or communication overlap; no effect on the numbers rlvr computes", takes_value=False,
      topic=_KERNEL)
-_add("ignored", "deterministic_mode", "rlvr has no nondeterministic kernels to switch off; runs are still not bit-reproducible (the engine's batches form as requests arrive)", takes_value=False,
-     topic=_KERNEL)
 _add("ignored", "attention_dropout hidden_dropout",
      "rlvr trains with the checkpoint's config.json dropout; 0 here matches RL practice (Qwen configs: 0)",
      neutral=_num_is(0), topic="dropout 0 (rlvr: the checkpoint's config.json dropout)")
@@ -114,9 +112,12 @@ _add("ignored", "sglang_attention_backend sglang_chunked_prefill_size sglang_cud
      "sglang_cuda_graph_bs sglang_disable_cuda_graph sglang_log_level sglang_server_concurrency "
      "sglang_router_ip sglang_router_port",
      "SGLang server tuning; the embedded engine decodes with transformers and has no such setting", topic=_SGLANG)
-_add("ignored", "sglang_enable_deterministic_inference sglang_disable_radix_cache sglang_enable_metrics",
-     "SGLang server tuning; the embedded engine has no such switch (each request samples from its own seeded generator) and caches no prefixes",
-     takes_value=False, topic=_SGLANG)
+_add("ignored", "sglang_enable_deterministic_inference",
+     "SGLang's batch-invariant inference; the embedded engine's is part of --deterministic-mode (one forward per "
+     "prompt group), and every request samples from a seed of its own either way", takes_value=False, topic=_SGLANG)
+_add("ignored", "sglang_disable_radix_cache sglang_enable_metrics",
+     "SGLang server tuning; the embedded engine has no such switch and caches no prefixes", takes_value=False,
+     topic=_SGLANG)
 _add("builtin", "use_slime_router", "rlvr always sends each request to the engine with the fewest outstanding "
      "requests (rlvr.engine.balance), slime's router policy", takes_value=False)
 _add("alias", "sglang_max_running_requests", "", target="rollout_max_running_requests")
