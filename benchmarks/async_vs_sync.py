@@ -14,7 +14,8 @@ would make the comparison about the filter rather than the tail.
 
 ``--engine-process`` samples on one supervised ``rlvr serve`` process (one thread) instead of
 the in-process engine, in both modes; ``--ray`` runs both modes on a local Ray cluster, the
-training rank and the engine each an actor of its own (no interpreter lock shared between them). Both runs use the same checkpoint, data, seed and budget (``--num-rollout`` rollouts of 16 x 8
+training rank and the engine each an actor of its own (no interpreter lock shared between them).
+Both runs use the same checkpoint, data, seed and budget (``--num-rollout`` rollouts of 16 x 8
 samples) on the embedded engine in one process; async adds ``--async --max-staleness K
 --rollout-concurrency C``. Reported per mode: wall time of the training loop, seconds per 100
 trained samples, held-out accuracy after the same number of trained samples, mean staleness;

@@ -25,7 +25,8 @@ async def openai_agent(args, sample, sampling_params):
     client = openai.AsyncOpenAI(base_url=ctx.openai_base_url, api_key="rlvr", max_retries=0)
     messages = ctx.messages(sample)  # the data's messages: sample.prompt is already templated
     first = await client.chat.completions.create(model="policy", messages=messages, tools=TOOL_SCHEMAS,
-                                                 max_tokens=sampling_params["max_new_tokens"] // 4, temperature=sampling_params["temperature"])
+                                                 max_tokens=sampling_params["max_new_tokens"] // 4,
+                                                 temperature=sampling_params["temperature"])
     msg = first.choices[0].message
     messages.append(msg.model_dump(exclude_none=True))
     if msg.tool_calls:
@@ -35,7 +36,8 @@ async def openai_agent(args, sample, sampling_params):
     else:
         messages.append({"role": "user", "content": "Check it."})
     stream = await client.chat.completions.create(model="policy", messages=messages, tools=TOOL_SCHEMAS, stream=True,
-                                                  max_tokens=sampling_params["max_new_tokens"] // 4, temperature=sampling_params["temperature"])
+                                                  max_tokens=sampling_params["max_new_tokens"] // 4,
+                                                  temperature=sampling_params["temperature"])
     text, finish = "", None
     async for chunk in stream:
         text += chunk.choices[0].delta.content or ""
@@ -105,7 +107,8 @@ def test_streaming_is_token_by_token_and_recorded_exactly(tiny_qwen2):
     cfg.data.apply_chat_template = True
     agent = Agent(cfg, engine, tok)
     messages = [{"role": "user", "content": "What is 2*3?"}, {"role": "assistant", "content": "",
-                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "multiply", "arguments": '{"a": 2, "b": 3}'}}]},
+                "tool_calls": [{"id": "c1", "type": "function",
+                                "function": {"name": "multiply", "arguments": '{"a": 2, "b": 3}'}}]},
                 {"role": "tool", "tool_call_id": "c1", "content": "6"}]
 
     async def call(stream: bool, session: str):

@@ -129,7 +129,8 @@ def test_qa_rewards():
     assert score("exact_match", "Eiffel", "Eiffel Tower") == 0.0
     assert score("f1", "Eiffel", "Eiffel Tower") == pytest.approx(2 / 3)
     assert score("f1", "<answer>Paris</answer>", ["Lyon", "Paris"]) == 1.0
-    assert grade("f1", "x", None).error == "ValueError: QA reward needs a label: the reference answer or a list of them (--label-key)"
+    assert grade("f1", "x", None).error == ("ValueError: QA reward needs a label: the reference answer or a list of them "
+                                            "(--label-key)")
 
 
 def test_score_returns_the_failure_value_and_grade_says_why():

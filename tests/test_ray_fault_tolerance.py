@@ -86,7 +86,7 @@ def hold_rollout_until(monkeypatch, rollout_id: int, condition, what: str) -> No
     from rlvr.distributed import rollout_manager
 
     for cls, method in ((rollout_manager.RayRollout, "generate"), (rollout_manager.RayAsyncSource, "next_batch")):
-        def held(self, i, _real=getattr(cls, method)):
+        def held(self, i, _real=getattr(cls, method)):  # noqa: B008 (bound once, at definition)
             if i == rollout_id:
                 wait_until(condition, what, timeout=240, poll=0.2)
             return _real(self, i)

@@ -264,7 +264,7 @@ def _nobody_pids() -> set[int]:
 
 def _driver(spec: dict) -> None:
     """Runs in the fenced child: grade each hostile program, print one JSON line per program."""
-    for controller, d in spec["fence"].items():
+    for d in spec["fence"].values():
         Path(d, "cgroup.procs").write_text(str(os.getpid()))
     reward = CodeReward(RewardConfig(**spec["cfg"]))
     label = {"inputs": [""], "outputs": ["ESCAPED"]}  # only a successful attack would pass

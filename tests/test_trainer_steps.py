@@ -21,7 +21,7 @@ def _samples(n=8, seed=0):
     return random_samples(n, seed, lambda i, rng: float(i % 2))
 
 
-def _trainer(ckpt, algo=None, layout=Layout(), **train):
+def _trainer(ckpt, algo=None, layout=Layout(), **train):  # noqa: B008 (Layout is frozen)
     cfg = TrainConfig(hf_checkpoint=str(ckpt), **{"lr": 1e-3, **train})
     return Trainer(cfg, algo or AlgoConfig(), n_samples_per_prompt=4, layout=layout)
 

@@ -18,7 +18,7 @@ def calculator(expression: str) -> str:
 async def generate(args, sample, sampling_params):
     ctx = context()
     budget = sampling_params["max_new_tokens"]  # the whole response: every turn and observation
-    for turn in range(4):
+    for _turn in range(4):
         left = budget - sample.response_length
         if left <= 0:
             sample.status = Status.TRUNCATED

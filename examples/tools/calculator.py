@@ -41,9 +41,10 @@ def final_answer(sample) -> float:
     """1.0 when the model's last turn (after the last tool result) is exactly the product.
 
     >>> from rlvr.core.types import Sample
-    >>> final_answer(Sample("p", [1], label="408", response='<tool_call>..</tool_call>\\n<|im_start|>tool\\n408<|im_end|>\\n<|im_start|>assistant\\n408'))
+    >>> turns = '<tool_call>..</tool_call>\\n<|im_start|>tool\\n408<|im_end|>\\n<|im_start|>assistant\\n'
+    >>> final_answer(Sample("p", [1], label="408", response=turns + '408'))
     1.0
-    >>> final_answer(Sample("p", [1], label="408", response='<tool_call>..</tool_call>\\n<|im_start|>tool\\n408<|im_end|>\\n<|im_start|>assistant\\n'))
+    >>> final_answer(Sample("p", [1], label="408", response=turns))
     0.0
     """
     last = sample.response.rsplit("<|im_start|>assistant\n", 1)[-1]

@@ -38,16 +38,21 @@ class ClusterConfig:
     ray: bool = _f(False, "run the loop on Ray: training ranks and rollout engines as actors (default: one local process)")
     ray_address: str | None = _f(None, "join this existing Ray cluster (e.g. auto or host:6379); default start a local one")
     actor_num_nodes: int = _f(1, "nodes of the training group", ge=1)
-    actor_num_gpus_per_node: int = _f(0, "training ranks (one GPU each) per node; > 0 implies --ray (as in slime); 0 = CPU ranks", ge=0)
+    actor_num_gpus_per_node: int = _f(0, "training ranks (one GPU each) per node; > 0 implies --ray (as in slime); 0 = CPU ranks",
+                                      ge=0)
     actor_num_cpu_workers_per_node: int = _f(1, "training ranks per node when no GPUs are used (one CPU bundle each)", ge=1)
-    rollout_num_gpus: int = _f(0, "GPUs of all rollout engines together (> 0 implies --ray); 0 = CPU engines (--rollout-num-engines)", ge=0)
-    rollout_num_gpus_per_engine: int = _f(1, "GPUs per rollout engine: 1 (tensor-parallel engines: use an external SGLang server)", ge=1)
-    colocate: bool = _f(False, "trainer and engine time-share devices: local mode, the one --device; --ray, the training ranks' bundles")
+    rollout_num_gpus: int = _f(0, "GPUs of all rollout engines together (> 0 implies --ray); 0 = CPU engines "
+                                  "(--rollout-num-engines)", ge=0)
+    rollout_num_gpus_per_engine: int = _f(1, "GPUs per rollout engine: 1 (tensor-parallel engines: use an external SGLang "
+                                             "server)", ge=1)
+    colocate: bool = _f(False, "trainer and engine time-share devices: local mode, the one --device; --ray, the training "
+                               "ranks' bundles")
     device: str = _f("auto", "local mode: auto (CUDA when available), cpu, cuda or cuda:N; under --ray each actor "
                              "uses its bundle's device")
     offload_train: bool = _f(False, "--colocate: move the optimizer state to host memory while the engine samples")
     train_backend: str = _f("ddp", "data parallelism of the training group", ["ddp", "fsdp"])
-    check_weight_update_equal: bool = _f(False, "after each weight sync, compare every engine's weight checksum with the trainer's")
+    check_weight_update_equal: bool = _f(False, "after each weight sync, compare every engine's weight checksum with the "
+                                                "trainer's")
     weight_sync: str = _f("auto", "how weights reach the engines under --ray: object_store (rank 0 -> Ray's object "
                                   "store -> engines), broadcast (a process group of rank 0 and the engines: NCCL on "
                                   "GPUs, gloo on CPU; rlvr/distributed/broadcast.py), auto (broadcast for "

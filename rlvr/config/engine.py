@@ -27,21 +27,26 @@ class EngineConfig:
         None, "embedded engine: fraction of the device's memory (GPU memory on CUDA, physical memory on CPU) its weights "
               "and KV cache may hold; rows wait when the next one would not fit (default: no budget)", gt=0, le=1
     )
-    rollout_external_engine_addrs: list[str] = _f([], "host:port of SGLang-protocol servers (rlvr serve, SGLang) instead of the embedded engine")
-    rollout_external_engine_timeout: float = _f(600.0, "seconds one request may take on an external engine before it is retried elsewhere", gt=0)
+    rollout_external_engine_addrs: list[str] = _f([], "host:port of SGLang-protocol servers (rlvr serve, SGLang) instead of "
+                                                      "the embedded engine")
+    rollout_external_engine_timeout: float = _f(600.0, "seconds one request may take on an external engine before it is "
+                                                       "retried elsewhere", gt=0)
     rollout_external_engine_retries: int = _f(2, "retries of a request on another external engine after its server failed", ge=0)
     rollout_num_engines: int = _f(
         1, "rollout engines on CPU (on GPUs: --rollout-num-gpus / --rollout-num-gpus-per-engine); Ray actors under --ray, "
            "server processes in local mode when > 1 or with --use-fault-tolerance", ge=1
     )
     use_fault_tolerance: bool = _f(
-        False, "health-check the engine server processes (engine actors under --ray); restart a dead or hung one, push it the weights, re-issue its requests"
+        False, "health-check the engine server processes (engine actors under --ray); restart a dead or hung one, push it the "
+               "weights, re-issue its requests"
     )
     rollout_health_check_interval: float = _f(5.0, "--use-fault-tolerance: seconds between two /health probes of an engine", gt=0)
     rollout_health_check_timeout: float = _f(
-        10.0, "--use-fault-tolerance: an engine whose /health has not answered within this many seconds is killed and restarted", gt=0
+        10.0, "--use-fault-tolerance: an engine whose /health has not answered within this many seconds is killed and "
+              "restarted", gt=0
     )
-    rollout_max_engine_restarts: int = _f(3, "--use-fault-tolerance: an engine restarted this many times is removed (the run goes on with the others)", ge=0)
+    rollout_max_engine_restarts: int = _f(3, "--use-fault-tolerance: an engine restarted this many times is removed (the run "
+                                             "goes on with the others)", ge=0)
 
     def validate(self) -> None:
         check_bounds(self)  # the ranges declared on the fields

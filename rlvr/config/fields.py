@@ -5,7 +5,8 @@ of every group into a flag, so this is the one schema. Bounds are declared on th
 checked by hand in ``validate``: ``ge``/``gt``/``le``/``lt`` for numbers and ``choices`` for names.
 ``choices`` is a fixed list; a value that must be a registered name declares the registry's kind
 (``names=``), and the runtime layer, which knows the registries, checks it once user plugins are
-imported, so a name registered by user code is accepted. ``check_bounds`` enforces the rest (``None`` is always allowed for an optional field) and the
+imported, so a name registered by user code is accepted. ``check_bounds`` enforces the rest (``None``
+is always allowed for an optional field) and the
 help text states them, so help and validation come from the same declaration.
 
 >>> from dataclasses import dataclass

@@ -26,7 +26,7 @@ def iter_objects(path: str | Path, allow_truncated_tail: bool = False) -> Iterat
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 if allow_truncated_tail and not line.endswith("\n"):
-                    warnings.warn(f"{path}:{lineno}: skipping truncated last line")
+                    warnings.warn(f"{path}:{lineno}: skipping truncated last line", stacklevel=2)
                     return
                 raise DataError(str(path), lineno, f"not valid JSON ({e.msg} at column {e.colno})") from None
             if not isinstance(row, dict):

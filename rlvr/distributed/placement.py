@@ -91,9 +91,9 @@ def plan(cluster: ClusterConfig, num_engines: int) -> Plan:
 def gpu_shortage(cluster: ClusterConfig, p: Plan, have: int) -> str | None:
     """Why ``have`` GPUs cannot hold the plan, in terms of the flags that asked for them (None: they can).
 
-    >>> print(gpu_shortage(ClusterConfig(ray=True, actor_num_gpus_per_node=4, colocate=True), plan(
+    >>> print(gpu_shortage(ClusterConfig(ray=True, actor_num_gpus_per_node=4, colocate=True), plan(  # doctest: +ELLIPSIS
     ...     ClusterConfig(ray=True, actor_num_gpus_per_node=4, colocate=True), 4), 0))
-    --actor-num-gpus-per-node 4 x --actor-num-nodes 1 (4 training ranks, engines colocated on their GPUs) asks for 4 GPUs; this machine has 0
+    --actor-num-gpus-per-node 4 x --actor-num-nodes 1 (4 training ranks, engines colocated on their GPUs) asks for 4 GPUs; ...
     """
     if p.num_gpus <= have:
         return None

@@ -372,7 +372,8 @@ class Server:
         lock = asyncio.Lock()
 
         async def send(i: int, delta: dict, reason=None, **extra) -> None:
-            choice = {"index": i, "finish_reason": reason, **({"delta": delta} if chat else {"text": delta.get("content", ""), "logprobs": None})}
+            body = {"delta": delta} if chat else {"text": delta.get("content", ""), "logprobs": None}
+            choice = {"index": i, "finish_reason": reason, **body}
             chunk = {"id": cid, "object": kind, "created": created, "model": self.model_name, "choices": [choice], **extra}
             async with lock:
                 await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())

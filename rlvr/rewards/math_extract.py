@@ -356,8 +356,8 @@ def _final_statement(text: str) -> str | None:
     '3, 5, or 7'
     >>> _final_statement("Then 12 + 5 = 17. Now we need to divide by") is None
     True
-    >>> _final_statement("So the total is twelve."), _final_statement("So x ≡ 3 (mod 7)."), _final_statement("It is 1/6 = 0.1666...")
-    ('12', '3 (mod 7)', '0.1666\\\\ldots')
+    >>> [_final_statement(t) for t in ("So the total is twelve.", "So x ≡ 3 (mod 7).", "It is 1/6 = 0.1666...")]
+    ['12', '3 (mod 7)', '0.1666\\\\ldots']
     >>> _final_statement("It simplifies to (x + 1)/x."), _final_statement("So the domain is all real numbers except 2.")
     ('(x + 1)/x', 'all real numbers except 2')
     """

@@ -84,8 +84,10 @@ def _unit(text: str) -> tuple[str, str, Fraction] | None:
 def quantity(text: str) -> Quantity | None:
     """The value and unit of ``text`` when it ends in a unit this module knows, else None.
 
-    >>> quantity("125 \\\\text{ cents}"), quantity("\\\\$1.25"), quantity("60^\\\\circ")
-    (Quantity(core='125', kind='money', factor=Fraction(1, 100)), Quantity(core='1.25', kind='money', factor=Fraction(1, 1)), Quantity(core='60', kind='angle', factor=Fraction(1, 1)))
+    >>> quantity("125 \\\\text{ cents}"), quantity("\\\\$1.25")
+    (Quantity(core='125', kind='money', factor=Fraction(1, 100)), Quantity(core='1.25', kind='money', factor=Fraction(1, 1)))
+    >>> quantity("60^\\\\circ")
+    Quantity(core='60', kind='angle', factor=Fraction(1, 1))
     >>> quantity("12"), quantity("5 \\\\text{ million}"), quantity("30^\\\\circ C"), quantity("3 apples")
     (None, None, None, None)
     """

@@ -24,10 +24,10 @@ are config fields (``rlvr.config.cluster``; docs/scaling.md), not entries here.
 >>> ns = Namespace(**{dest("tensor_model_parallel_size"): "1", dest("sequence_parallel"): True})
 >>> sorted(apply(ns, {}))
 []
->>> apply(Namespace(**{dest("tensor_model_parallel_size"): "2"}), {})
+>>> apply(Namespace(**{dest("tensor_model_parallel_size"): "2"}), {})  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-rlvr.core.errors.ConfigError: --tensor-model-parallel-size: 2 would change the result: rlvr trains the whole model in each data-parallel rank (no tensor parallelism); drop the flag or set it to 1, and scale with data-parallel ranks (--ray, docs/scaling.md)
+rlvr.core.errors.ConfigError: --tensor-model-parallel-size: 2 would change the result: rlvr trains the whole model in each ...
 """
 
 from __future__ import annotations

@@ -53,10 +53,10 @@ class SlimeArgs:
     >>> args = SlimeArgs(AlgoConfig(tis_clip=3.0))
     >>> args.tis_clip, args.grpo_std_normalization
     (3.0, True)
-    >>> args.n_samples_per_prompt
+    >>> args.n_samples_per_prompt  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    AttributeError: args.n_samples_per_prompt: rlvr gives this plugin only the algo settings (AlgoConfig); it has no field n_samples_per_prompt
+    AttributeError: args.n_samples_per_prompt: rlvr gives this plugin only the algo settings (AlgoConfig); it has no field ...
     """
 
     def __init__(self, *groups: Any):

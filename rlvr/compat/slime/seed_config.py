@@ -204,7 +204,8 @@ def _algorithm(items: Mapping[str, Any], out: SeedConfig) -> None:
     if kl is None:
         return
     if kl not in KL_TYPES and kl not in SLIME_KL_TYPES:
-        out.refused.append(f"algorithm.kl_type: unknown {kl!r}; valid: {', '.join({**KL_TYPES, **dict.fromkeys(SLIME_KL_TYPES)})}")
+        valid = ", ".join({**KL_TYPES, **dict.fromkeys(SLIME_KL_TYPES)})
+        out.refused.append(f"algorithm.kl_type: unknown {kl!r}; valid: {valid}")
         return
     out.set("kl_loss_type", KL_TYPES.get(kl, kl), "algorithm.kl_type")
     if kl in ("kl_estimator_k1", "kl_estimator_k3"):
