@@ -68,4 +68,4 @@ gpu-wheels:
 	@ls $(GPU_WHEELS)
 
 clean:
-	rm -rf runs examples/arith/assets
+	rm -rf runs examples/arith/assets examples/smollm2/assets

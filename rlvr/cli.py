@@ -146,7 +146,7 @@ COMMANDS = {
     "serve": (_serve, "serve a checkpoint over SGLang's HTTP protocol (+ OpenAI routes) on 127.0.0.1"),
     "plot": (_plot, "PNG dashboard of run directories"),
     "export": (_export, "write a plain HF checkpoint from a training checkpoint"),
-    "demo": (_demo, "the arithmetic demo end to end (what `make demo` runs)"),
+    "demo": (_demo, "GRPO on SmolLM2-135M-Instruct end to end (what `make demo` runs); --tiny: the tiny-model demo"),
     "import-gguf": (_import_gguf, "write a GGUF file (e.g. a packaged model) as a plain HF checkpoint"),
     "make-tiny-model": (_make_tiny_model, "write a tiny random HF causal LM + tokenizer"),
     "make-arith-data": (_make_arith_data, "write the arithmetic task's train/test (and --n-val: val) JSONL"),
