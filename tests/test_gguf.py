@@ -134,7 +134,7 @@ def test_a_quantization_gguf_cannot_dequantize_is_refused(tiny_llama, tmp_path, 
     assert main(["import-gguf", str(path), str(tmp_path / "hf")]) == 2
     err = capsys.readouterr().err
     assert f"{path}: transformers" in err and "could not load it" in err
-    assert "Q8_1 x1" in err and "F32 x" in err and "llama-quantize" in err
+    assert "Dequantization for Q8_1" in err and "Q8_1 x1" in err and "F32 x" in err and "llama-quantize" in err
 
 
 def test_a_missing_file_is_named(tmp_path, capsys):

@@ -24,14 +24,18 @@ from rlvr.errors import DataError
 log = logging.getLogger(__name__)
 
 DTYPES = ("float32", "bfloat16")
-INSTALL_HINT = "pip install 'rlvr[gguf]' (or: pip install gguf)"
+INSTALL_HINT = "pip install 'rlvr[gguf]' (or: pip install gguf accelerate)"
 
 
 def _gguf():
-    try:
-        import gguf
-    except ImportError:
-        raise DataError("gguf", None, f"reading a GGUF file needs the gguf package: {INSTALL_HINT}") from None
+    """The gguf package, after checking that accelerate is there too (transformers' GGUF loading needs it)."""
+    for package in ("gguf", "accelerate"):
+        try:
+            __import__(package)
+        except ImportError:
+            raise DataError(package, None, f"reading a GGUF file needs the {package} package: {INSTALL_HINT}") from None
+    import gguf
+
     return gguf
 
 
@@ -86,9 +90,9 @@ def _load_error(path: Path, types: dict[str, int], error: Exception) -> DataErro
     """What to do when transformers (or gguf under it) cannot dequantize the file's tensors."""
     listed = ", ".join(f"{name} x{n}" for name, n in sorted(types.items()))
     return DataError(str(path), None, f"transformers {_version('transformers')} / gguf {_version('gguf')} could "
-                     f"not load it ({type(error).__name__}: {error}); its tensor types: {listed}. Use a file "
-                     "quantized to a type they dequantize (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, ...; "
-                     "llama.cpp's llama-quantize converts), or a newer gguf/transformers")
+                     f"not load it ({type(error).__name__}: {error}); its tensor types: {listed}. When a type "
+                     "is what they cannot dequantize, use a file quantized to one they do (F32, F16, BF16, Q8_0, "
+                     "Q4_0, Q4_1, Q4_K, Q6_K, ...; llama.cpp's llama-quantize converts), or a newer gguf/transformers")
 
 
 def _version(package: str) -> str:
