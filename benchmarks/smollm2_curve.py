@@ -1,7 +1,8 @@
 """docs/demo_curve.png: SmolLM2-135M-Instruct's greedy accuracy vs GRPO rollout, from run directories.
 
 Every ``eval/<set>/score`` of each run is drawn against ``eval/step`` (the rollouts trained so
-far): held-out (``test``) solid, validation (``val``) dotted; the label is the run's folder name.
+far): held-out (``test``) solid, validation (``val``) dotted, a run evaluated only before and after
+as two markers; the label is the run's folder name.
 
     python benchmarks/smollm2_curve.py RUN_DIR [RUN_DIR ...] [--out docs/demo_curve.png]
 """
@@ -35,8 +36,9 @@ def main() -> None:
         evals = [r for r in read_metrics(run) if "eval/step" in r]
         for name, style in STYLES.items():
             points = [(r["eval/step"], r[f"eval/{name}/score"]) for r in evals if f"eval/{name}/score" in r]
+            ends_only = len(points) <= 2  # evaluated only before and after: two markers, no line
             if points:
-                ax.plot(*zip(*points), style, color=f"C{i}", marker=".",
+                ax.plot(*zip(*points), "none" if ends_only else style, color=f"C{i}", marker="o" if ends_only else ".",
                         label=f"{Path(run).name}: {'held-out' if name == 'test' else 'validation'}")
     ax.set(xlabel="rollouts trained (8 prompts x 8 samples each)", ylabel="greedy accuracy", ylim=(0, 1),
            title=a.title)

@@ -163,4 +163,5 @@ def test_two_rollouts_of_rlvr_train(tmp_path, monkeypatch):
     assert all(v is not None for r in train for v in r.values()), train  # no NaN / inf
     assert [r["eval/step"] for r in records if "eval/step" in r] == [0, 2]
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
-    assert len(samples) == 16 and all("<|im_end|>" not in s["response"] for s in samples)
+    assert {s["rollout_id"] for s in samples} == {0, 1}  # a few responses of each rollout are kept
+    assert all(s["response"] and "<|im_end|>" not in s["response"] for s in samples)
