@@ -1,4 +1,4 @@
-"""The demo with several seeds: ``rlvr demo --seed N`` for each, one JSON line per seed.
+"""The tiny-model demo with several seeds: ``rlvr demo --tiny --seed N`` for each, one JSON line per seed.
 
 Each seed changes the bootstrap's data order and training seed and GRPO's prompt order and
 sampling (``rlvr.entrypoints.demo``); a seed's bootstrap goes to ``examples/arith/assets/seed-N/sft`` and its
@@ -33,7 +33,7 @@ def run_seed(seed: str, fresh: bool) -> dict:
     n = None if seed == "default" else int(seed)
     if fresh and (ROOT / sft_dir(n)).exists():
         shutil.rmtree(ROOT / sft_dir(n))
-    cmd = [sys.executable, "-m", "rlvr", "demo", *([] if n is None else ["--seed", str(n)])]
+    cmd = [sys.executable, "-m", "rlvr", "demo", "--tiny", *([] if n is None else ["--seed", str(n)])]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     match = LINE.search(proc.stdout)

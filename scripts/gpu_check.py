@@ -94,12 +94,12 @@ def gpu_tests(timeout: int) -> dict:
 
 
 def demo(timeout: int) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "rlvr", "demo", "--device", "cuda"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "rlvr", "demo", "--tiny", "--device", "cuda"], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
     lines = [x for x in proc.stdout.splitlines() if x.startswith("demo:")]
     if proc.returncode != 0 or not lines:
         print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
-        raise RuntimeError(f"rlvr demo --device cuda exited {proc.returncode}")
+        raise RuntimeError(f"rlvr demo --tiny --device cuda exited {proc.returncode}")
     return {"result": lines[-1]}
 
 

@@ -1,4 +1,4 @@
-"""``rlvr`` command line: train, sft, eval, serve, plot, export, demo, and the tiny-asset builders.
+"""``rlvr`` command line: train, sft, eval, serve, plot, export, demo, import-gguf, and the tiny-asset builders.
 
 Errors a user can fix (a bad flag, file or data line) print one line naming what to change and
 exit with status 2, without a traceback.
@@ -134,6 +134,18 @@ def _make_tiny_model(argv: list[str]) -> None:
                            num_layers=a.num_layers, seed=a.seed))
 
 
+def _import_gguf(argv: list[str]) -> None:
+    from rlvr.models.gguf import DTYPES, import_gguf
+
+    p = argparse.ArgumentParser(prog="rlvr import-gguf", description="write a GGUF file (any transformers "
+                                "reads) as a plain HF checkpoint: config, safetensors, tokenizer, chat template")
+    p.add_argument("gguf_file")
+    p.add_argument("out_dir")
+    p.add_argument("--dtype", default="float32", choices=DTYPES, help="dtype of the written weights")
+    a = p.parse_args(argv)
+    print(import_gguf(a.gguf_file, a.out_dir, a.dtype))
+
+
 def _make_arith_data(argv: list[str]) -> None:
     from rlvr.data.arith import write_splits
 
@@ -154,7 +166,8 @@ COMMANDS = {
     "plot": (_plot, "PNG dashboard of run directories"),
     "export": (_export, "write a plain HF checkpoint from a training checkpoint"),
     "agents": (_agents, "agents check [module:fn] FLAGS: one prompt through your multi-turn rollout, its segments and masks"),
-    "demo": (_demo, "the arithmetic demo end to end (what `make demo` runs)"),
+    "demo": (_demo, "GRPO on SmolLM2-135M-Instruct end to end (what `make demo` runs); --tiny: the tiny-model demo"),
+    "import-gguf": (_import_gguf, "write a GGUF file (e.g. a packaged model) as a plain HF checkpoint"),
     "make-tiny-model": (_make_tiny_model, "write a tiny random HF causal LM + tokenizer"),
     "make-arith-data": (_make_arith_data, "write the arithmetic task's train/test (and --n-val: val) JSONL"),
 }

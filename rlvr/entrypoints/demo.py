@@ -1,4 +1,5 @@
-"""The arithmetic demo: build its assets on first use, run GRPO, report held-out accuracy.
+"""``rlvr demo --tiny``, the tiny-model arithmetic demo: build its assets on first use, run GRPO,
+report held-out accuracy. (``rlvr demo`` without ``--tiny`` is the SmolLM2 demo, ``rlvr.entrypoints.demo_smollm2``.)
 
 Assets live in ``examples/arith/assets/`` (git-ignored), all made by the project's own code:
 ``base/`` a randomly initialised tiny Qwen2 checkpoint; ``train.jsonl``, ``val.jsonl`` (500
@@ -87,12 +88,23 @@ def bootstrap(out: Path, seed: int | None, console: bool = True) -> dict:
 
 
 def main(argv: list[str] | None = None) -> str:
-    """``make demo``: assets, GRPO from the SFT checkpoint, and the summary line. ``--seed N``
+    """``rlvr demo``: the SmolLM2 demo (``rlvr.entrypoints.demo_smollm2``, what ``make demo`` runs), or with
+    ``--tiny`` this module's tiny-model arithmetic demo."""
+    argv = list(argv or [])
+    if "--tiny" not in argv:
+        from rlvr.entrypoints import demo_smollm2
+
+        return demo_smollm2.main(argv)
+    return main_tiny([a for a in argv if a != "--tiny"])
+
+
+def main_tiny(argv: list[str] | None = None) -> str:
+    """``rlvr demo --tiny``: assets, GRPO from the SFT checkpoint, and the summary line. ``--seed N``
     (see the module docstring); any other flag overrides ``examples/arith/grpo.yaml``."""
     from rlvr.runtime.loop import run
     from rlvr.observe import read_metrics
 
-    p = argparse.ArgumentParser(prog="rlvr demo", description="the arithmetic demo end to end")
+    p = argparse.ArgumentParser(prog="rlvr demo --tiny", description="the tiny-model arithmetic demo end to end")
     p.add_argument("--seed", type=int, default=None, help="seed of the bootstrap and of GRPO (default: the YAMLs')")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, see below)")
     a, extra = p.parse_known_args(argv or [])
