@@ -24,6 +24,10 @@ best time of each side is used. Ends with one JSON line per model. The 19M model
 several minutes each on 2 cores.
 
     python benchmarks/rollout_throughput.py [--repeats 2] [--threads 2] [--models ...]
+    python benchmarks/rollout_throughput.py --model models/smollm2-135m-instruct [--prompts 16] [--threads 1]
+
+``--model DIR``: a real checkpoint instead of the built models, on ``--prompts`` arithmetic
+questions rendered with its chat template (``common.chat_prompts``), the same budgets' law.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import argparse
 import json
 import math
 import random
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -44,6 +49,9 @@ from rlvr.entrypoints.demo import TINY_MODEL
 from rlvr.engine.base import GenerateRequest, SamplingParams
 from rlvr.engine.embedded import EmbeddedEngine
 from rlvr.models.tiny import build_tiny_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import chat_prompts  # noqa: E402
 
 MODELS = {
     "tiny-qwen2-h256-l4": TINY_MODEL,
@@ -93,9 +101,12 @@ def bench(name: str, path: Path, args) -> dict:
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     n_params = sum(p.numel() for p in model.parameters())
-    train, _ = make_splits()
-    prompts = [tok(p["prompt"], add_special_tokens=False)["input_ids"] for p in train[:N_PROMPTS]]
-    lens = budgets(N_PROMPTS * N_SAMPLES, args.median_len, args.max_len)
+    if args.model:
+        prompts = chat_prompts(tok, args.prompts)
+    else:
+        train, _ = make_splits()
+        prompts = [tok(p["prompt"], add_special_tokens=False)["input_ids"] for p in train[:args.prompts]]
+    lens = budgets(len(prompts) * N_SAMPLES, args.median_len, args.max_len)
     engine = EmbeddedEngine(model, pad_token_id=tok.pad_token_id, seed=0, max_batch_size=args.max_batch_size)
     print(f"\n{name}: {n_params / 1e6:.1f}M params; {len(lens)} samples, lengths mean {sum(lens) / len(lens):.1f} "
           f"min {min(lens)} max {max(lens)}")
@@ -137,9 +148,15 @@ def main() -> None:
     p.add_argument("--max-batch-size", type=int, default=512)
     p.add_argument("--hf-prompts-per-call", type=int, nargs="+", default=[8, 64])
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--model", help="a real HF checkpoint instead of --models (chat prompts)")
+    p.add_argument("--prompts", type=int, default=None, help=f"default {N_PROMPTS}; 16 with --model")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    args.prompts = args.prompts or (16 if args.model else N_PROMPTS)
     rows = []
+    if args.model:
+        rows.append(bench(Path(args.model).name, Path(args.model), args))
+        args.models = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
             path = build_tiny_model(Path(tmp) / name, arch="qwen2", **MODELS[name])
