@@ -58,6 +58,7 @@ MODELS = {
     "qwen2-20m-h512-l6": dict(hidden_size=512, intermediate_size=1536, num_layers=6, num_heads=8, num_kv_heads=4),
 }
 N_PROMPTS, N_SAMPLES = 64, 8
+CPU_SECONDS: dict[str, float] = {}  # process CPU time of each side's last run (the engine's worker thread included)
 
 
 def budgets(n: int, median: int, max_len: int, seed: int = 0) -> list[int]:
@@ -71,16 +72,17 @@ def run_rlvr(engine: EmbeddedEngine, prompts: list[list[int]], lens: list[int]) 
         GenerateRequest(prompts[i // N_SAMPLES], SamplingParams(temperature=1.0, max_new_tokens=lens[i]), rid=str(i))
         for i in range(len(lens))
     ]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     out = engine.generate_sync(reqs)
     elapsed = time.perf_counter() - t0
+    CPU_SECONDS["rlvr"] = time.process_time() - c0
     assert [len(r.token_ids) for r in out] == lens, "engine did not produce the requested lengths"
     return elapsed, sum(lens)
 
 
 def run_hf(model, tok, prompts: list[list[int]], lens: list[int], prompts_per_call: int) -> tuple[float, int]:
     useful = 0
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for start in range(0, len(prompts), prompts_per_call):
         chunk = prompts[start : start + prompts_per_call]
         width = max(len(p) for p in chunk)
@@ -94,6 +96,7 @@ def run_hf(model, tok, prompts: list[list[int]], lens: list[int], prompts_per_ca
         )
         assert out.shape[1] - width == max(row_lens)
         useful += sum(row_lens)  # each row cut to its own budget
+    CPU_SECONDS["hf"] = time.process_time() - c0
     return time.perf_counter() - t0, useful
 
 
@@ -124,7 +127,8 @@ def bench(name: str, path: Path, args) -> dict:
                     t, n = run_hf(model, tok, prompts, lens, int(side[2:]))
                 assert n == tokens
                 best[side] = min(best[side], t)
-                print(f"  {side:>5} run {rep}: {t:7.2f} s  {n / t:8.0f} tok/s")
+                cpu = CPU_SECONDS["rlvr" if side == "rlvr" else "hf"]
+                print(f"  {side:>5} run {rep}: {t:7.2f} s ({cpu:.1f} s CPU)  {n / t:8.0f} tok/s")
     engine.close()
     hf_side = min(sides[1:], key=best.get)
     hf_best = best[hf_side]

@@ -24,12 +24,15 @@ memory in the process of a local run (trainer + embedded engine), chat prompts o
 template, ``--prompts`` x ``--samples`` responses all at ``--max-response`` tokens (the worst case
 of those settings), one micro-batch cap ``--max-tokens-per-gpu``: the runtime (interpreter, torch,
 transformers), the weights, the engine's copy, the gradients, AdamW's state (tensor bytes), the
-step's own memory per packed position (activations and temporaries), for three modes side by side
--- the engine's own copy and one log-prob chunk (main before the cuts), the engine sampling from
-the trainer's weights with the vocabulary-sized chunk (the defaults now), and that with
-``--recompute-activations`` -- then the same step at smaller caps (``--caps``: the step's memory
-follows the cap), and the output layer alone at vocabularies of 49,152 and 262,144 with one chunk
-and with the default chunk (``--vocab-rows`` positions).
+step's own memory per packed position (activations, gradients and temporaries). Modes: ``main``
+(the engine's own copy, one log-prob chunk: before the cuts), ``shared`` (the engine samples from
+the trainer's weights, the vocabulary's chunk: the defaults now) and both with
+``--recompute-activations``. Without recomputation the step holds ~1.5 MB per position, so those
+modes run at ``--small-cap`` (and ``shared`` at half of it: the step's memory follows the cap) and
+the recomputing ones at ``--max-tokens-per-gpu`` (default 8192, one micro-batch); ``--modes`` runs
+the named modes at ``--max-tokens-per-gpu`` only. Then the output layer alone at vocabularies of
+49,152 and 262,144 with one chunk and with the default chunk (``--vocab-rows`` positions). A
+child starts only when the machine has the memory its mode may need (``wait_for_memory``).
 
     python benchmarks/train_memory.py
     python benchmarks/train_memory.py --lora-rank 16 [--recompute-activations] [--with-engine]
@@ -89,7 +92,8 @@ def child(model: str, recompute: bool, lora_rank: int, kl: bool, tokens: int, wi
     if with_engine:  # what local `rlvr train` builds: rlvr.runtime.build.embedded_engine on the trainer's model
         from rlvr.engine.embedded import EmbeddedEngine
 
-        engine = EmbeddedEngine(trainer.model, pad_token_id=0, seed=0)
+        # a synchronous local run's engine samples from the trainer's own module (engine_shares_trainer_weights)
+        engine = EmbeddedEngine(trainer.model, pad_token_id=0, seed=0, share_weights=True)
     trainer.train(0, samples)  # allocates the optimizer state
     before = rss_gb()
     reset_peak_memory()

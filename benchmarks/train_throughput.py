@@ -22,8 +22,9 @@ is a warm-up.
 chat prompts of the model's template with RL's long-tailed response lengths (``common.chat_samples``,
 at most ``--max-response``), packed and padded steps alternating, and between them the machine's
 float32 matmul rate at the same thread count (best of 3 square GEMMs of ``--gemm-size``). Model
-FLOPs utilisation = 6 x parameters x positions the packed step computes per second / that rate
-(with ``--recompute-activations`` the hardware does 8 x, the recomputed forward included).
+FLOPs utilisation = 6 x parameters x positions the packed step computes per second / that rate,
+by wall time and by process CPU time (steady when other jobs share the cores); with
+``--recompute-activations`` the hardware does 8 x, the recomputed forward included.
 
 Ends with one JSON line per model.
 """
@@ -48,20 +49,21 @@ from rlvr.train.packing import Layout, pad  # noqa: E402
 from rlvr.train.trainer import Trainer  # noqa: E402
 
 
-def gemm_flops(n: int, repeats: int = 3) -> float:
-    """The float32 matmul rate (FLOP/s) of this process's threads: best of ``repeats`` n x n x n GEMMs."""
+def gemm_flops(n: int, repeats: int = 3) -> tuple[float, float]:
+    """The float32 matmul rate of this process's threads, best of ``repeats`` n x n x n GEMMs:
+    FLOP per wall second and FLOP per CPU second (the latter holds on a shared machine)."""
     import torch
 
     a, b = torch.randn(n, n), torch.randn(n, n)
     torch.mm(a, b)  # warm-up
-    best = min(_timed(lambda: torch.mm(a, b)) for _ in range(repeats))
-    return 2 * n**3 / best
+    times = [_timed(lambda: torch.mm(a, b)) for _ in range(repeats)]
+    return 2 * n**3 / min(t for t, _ in times), 2 * n**3 / min(c for _, c in times)
 
 
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
+def _timed(fn) -> tuple[float, float]:
+    t0, c0 = time.perf_counter(), time.process_time()
     fn()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def real_model(args) -> None:
@@ -82,11 +84,12 @@ def real_model(args) -> None:
                  "padded": sum(pad([samples[i] for i in b]).slots for b in bins)}
     print(f"{args.model}: {n_params / 1e6:.1f}M parameters; {len(samples)} samples, {tokens} tokens in {len(bins)} "
           f"micro-batches; positions computed: packed {positions['packed']}, padded {positions['padded']}")
-    runs: dict[str, list[tuple[float, float]]] = {"packed": [], "padded": []}
+    layouts = {"packed": Layout()} | ({} if args.packed_only else {"padded": Layout(packed=False)})
+    runs: dict[str, list[tuple[float, float]]] = {k: [] for k in layouts}
     rates = []
     for r in range(args.rounds + 1):  # round 0 warms up
         rates.append(gemm_flops(args.gemm_size))
-        for name, layout in (("packed", Layout()), ("padded", Layout(packed=False))):
+        for name, layout in layouts.items():
             trainer.layout = layout
             c0 = time.process_time()
             m = trainer.train(r, samples)
@@ -94,20 +97,27 @@ def real_model(args) -> None:
             if r:
                 runs[name].append((m["perf/train_time"], cpu))
             print(f"  round {r} {name}: {m['perf/train_time']:.1f} s ({cpu:.1f} s CPU), {tokens / m['perf/train_time']:.0f} "
-                  f"tok/s; matmul {rates[-1] / 1e9:.1f} GFLOP/s{'  (warm-up)' if r == 0 else ''}", flush=True)
-    rate = statistics.median(rates[1:])
+                  f"tok/s; matmul {rates[-1][0] / 1e9:.1f} GFLOP/s ({rates[-1][1] / 1e9:.1f} per CPU-s)"
+                  f"{'  (warm-up)' if r == 0 else ''}", flush=True)
+    rate = statistics.median(x[0] for x in rates[1:])
+    cpu_rate = statistics.median(x[1] for x in rates[1:])
     wall = {k: statistics.median(t for t, _ in v) for k, v in runs.items()}
     cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
-    mfu = 6 * n_params * positions["packed"] / wall["packed"] / rate
+    flops = 6 * n_params * positions["packed"]
+    mfu, cpu_mfu = flops / wall["packed"] / rate, flops / cpu["packed"] / cpu_rate
     row = {"bench": "train_throughput_real", "model": Path(args.model).name, "params": n_params, "tokens": tokens,
            "positions_packed": positions["packed"], "positions_padded": positions["padded"], "threads": args.threads,
            "max_tokens_per_gpu": args.max_tokens_per_gpu, "recompute_activations": args.recompute_activations,
-           "packed_tok_s": round(tokens / wall["packed"], 1), "padded_tok_s": round(tokens / wall["padded"], 1),
-           "ratio": round(wall["padded"] / wall["packed"], 3), "cpu_ratio": round(cpu["padded"] / cpu["packed"], 3),
+           "packed_tok_s": round(tokens / wall["packed"], 1),
+           "padded_tok_s": round(tokens / wall["padded"], 1) if "padded" in wall else None,
+           "ratio": round(wall["padded"] / wall["packed"], 3) if "padded" in wall else None,
+           "cpu_ratio": round(cpu["padded"] / cpu["packed"], 3) if "padded" in wall else None,
            "packed_s": round(wall["packed"], 2), "packed_cpu_s": round(cpu["packed"], 2),
-           "matmul_gflop_s": round(rate / 1e9, 1), "mfu": round(mfu, 3)}
-    print(f"packed {row['packed_tok_s']:.0f} tok/s vs padded {row['padded_tok_s']:.0f} tok/s: {row['ratio']:.2f}x "
-          f"(CPU {row['cpu_ratio']:.2f}x); matmul {row['matmul_gflop_s']} GFLOP/s; MFU {mfu:.1%}")
+           "matmul_gflop_s": round(rate / 1e9, 1), "matmul_gflop_per_cpu_s": round(cpu_rate / 1e9, 1),
+           "mfu": round(mfu, 3), "mfu_cpu_time": round(cpu_mfu, 3)}
+    vs = "" if args.packed_only else f" vs padded {row['padded_tok_s']} tok/s: {row['ratio']}x (CPU {row['cpu_ratio']}x)"
+    print(f"packed {row['packed_tok_s']:.0f} tok/s{vs}; matmul {row['matmul_gflop_s']} GFLOP/s "
+          f"({row['matmul_gflop_per_cpu_s']} per CPU-s); MFU {mfu:.1%} by wall time, {cpu_mfu:.1%} by CPU time")
     print(json.dumps(row))
 
 
@@ -126,6 +136,7 @@ def main() -> None:
     ap.add_argument("--model", help="a real HF checkpoint (see above)")
     ap.add_argument("--gemm-size", type=int, default=2048)
     ap.add_argument("--recompute-activations", action="store_true")
+    ap.add_argument("--packed-only", action="store_true", help="--model: no padded steps (the MFU alone)")
     args = ap.parse_args()
     set_threads(args.threads)
     real = args.model is not None
