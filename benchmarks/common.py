@@ -47,3 +47,32 @@ def rl_samples(n_prompts: int, n_per_prompt: int, max_response: int, seed: int =
             out.append(Sample("", prompt, response_ids=resp, loss_mask=[1] * r, rollout_log_probs=[-5.5] * r,
                               reward=float(j % 2), group_index=g, index=len(out)))
     return out
+
+
+def chat_prompts(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
+    """``n`` arithmetic questions rendered as the user turn of ``tokenizer``'s chat template
+    (SmolLM2's adds its default system prompt: 46-48 tokens each), as token ids."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        question = f"What is {rng.randrange(100)} + {rng.randrange(100)}? Answer with just the number."
+        text = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                             add_generation_prompt=True)
+        out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return out
+
+
+def chat_samples(tokenizer, n_prompts: int, n_per_prompt: int, max_response: int, seed: int = 0,
+                 full: bool = False) -> list[Sample]:
+    """GRPO-shaped samples on ``chat_prompts``: every response ``max_response`` tokens (``full``,
+    the worst case of a length limit) or RL's long tail (log-normal, median ~max/5, as
+    ``rl_samples``); token ids drawn from the vocabulary, rewards alternating."""
+    rng = random.Random(seed)
+    out = []
+    for g, prompt in enumerate(chat_prompts(tokenizer, n_prompts, seed)):
+        for j in range(n_per_prompt):
+            r = max_response if full else int(min(max(rng.lognormvariate(0, 0.9) * max_response / 5, 8), max_response))
+            resp = [rng.randrange(len(tokenizer)) for _ in range(r)]
+            out.append(Sample("", prompt, response_ids=resp, loss_mask=[1] * r, rollout_log_probs=[-2.0] * r,
+                              reward=float(j % 2), group_index=g, index=len(out)))
+    return out

@@ -23,6 +23,14 @@ reported, as wall time and as process CPU time (the latter is far less sensitive
 
     pip install -e ".[bench]"    # TRL, accelerate, datasets: benchmark-only
     python benchmarks/e2e_vs_trl.py [--rounds 2] [--steps 8]
+    python benchmarks/e2e_vs_trl.py --model models/smollm2-135m-instruct [--steps 4] [--rounds 1]
+
+``--model DIR`` (a real instruct checkpoint): the arithmetic questions as chat prompts (rlvr
+``--apply-chat-template``; TRL conversational prompts, which it renders with the same template),
+up to ``--max-new`` (default 64) new tokens, and both sides recompute activations in backward
+(rlvr ``--recompute-activations``, TRL ``gradient_checkpointing``), which a 135M-parameter model's
+8 x 8 rollout needs to stay within a few GB; TRL takes the 64 samples as 4 micro-batches of 16
+(one optimizer step per rollout on both sides), rlvr packs them under ``--max-tokens-per-gpu 8192``.
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ sys.path.insert(0, str(HERE))
 N_PROMPTS, N_SAMPLES, MAX_NEW = 8, 8, 32
 
 
-def run_rlvr(model: Path, data: Path, out: Path, steps: int) -> tuple[list[float], list[float]]:
+def run_rlvr(model: Path, data: Path, out: Path, steps: int, max_new: int, real: bool) -> tuple[list[float], list[float]]:
     import rlvr.observe.run_files
     from rlvr.runtime.configure import parse_config
     from rlvr.runtime.loop import run
@@ -60,9 +68,10 @@ def run_rlvr(model: Path, data: Path, out: Path, steps: int) -> tuple[list[float
 
     cfg = parse_config(["--hf-checkpoint", str(model), "--prompt-data", str(data), "--rm-type", "math",
                         "--rollout-batch-size", str(N_PROMPTS), "--n-samples-per-prompt", str(N_SAMPLES),
-                        "--rollout-max-response-len", str(MAX_NEW), "--rollout-temperature", "1.0",
+                        "--rollout-max-response-len", str(max_new), "--rollout-temperature", "1.0",
                         "--lr", "1e-6", "--num-rollout", str(steps), "--use-dynamic-batch-size",
-                        "--max-tokens-per-gpu", "4096", "--output-dir", str(out)])
+                        "--max-tokens-per-gpu", "8192" if real else "4096", "--output-dir", str(out)]
+                       + (["--apply-chat-template", "--recompute-activations"] if real else []))
     run(cfg, console=False)
     return _deltas(ends[:-1])  # steps 1 .. n-2 (the last one also writes the final checkpoint)
 
@@ -72,7 +81,7 @@ def _deltas(ends: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
     return ([b[0] - a[0] for a, b in zip(ends, ends[1:])], [b[1] - a[1] for a, b in zip(ends, ends[1:])])
 
 
-def run_trl(model: Path, data: Path, out: Path, steps: int) -> tuple[list[float], list[float]]:
+def run_trl(model: Path, data: Path, out: Path, steps: int, max_new: int, real: bool) -> tuple[list[float], list[float]]:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -80,10 +89,12 @@ def run_trl(model: Path, data: Path, out: Path, steps: int) -> tuple[list[float]
     from rlvr.core.jsonl import iter_objects
     from rlvr.rewards import score
 
-    rows = [{"prompt": r["prompt"], "label": str(r["label"])} for _, r in iter_objects(data)]
+    rows = [{"prompt": [{"role": "user", "content": r["prompt"]}] if real else r["prompt"], "label": str(r["label"])}
+            for _, r in iter_objects(data)]
 
-    def math_reward(prompts, completions, label, **kwargs):
-        return [score("math", c, y) for c, y in zip(completions, label)]
+    def math_reward(prompts, completions, label, **kwargs):  # conversational completions: [{"role", "content"}]
+        texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+        return [score("math", c, y) for c, y in zip(texts, label)]
 
     ends: list[tuple[float, float]] = []
 
@@ -92,8 +103,10 @@ def run_trl(model: Path, data: Path, out: Path, steps: int) -> tuple[list[float]
             ends.append((time.perf_counter(), time.process_time()))
 
     tokenizer = AutoTokenizer.from_pretrained(model)
-    args = GRPOConfig(output_dir=str(out), per_device_train_batch_size=N_PROMPTS * N_SAMPLES,
-                      num_generations=N_SAMPLES, max_completion_length=MAX_NEW, temperature=1.0,
+    micro = 16 if real else N_PROMPTS * N_SAMPLES
+    args = GRPOConfig(output_dir=str(out), per_device_train_batch_size=micro,
+                      gradient_accumulation_steps=N_PROMPTS * N_SAMPLES // micro, gradient_checkpointing=real,
+                      num_generations=N_SAMPLES, max_completion_length=max_new, temperature=1.0,
                       learning_rate=1e-6, beta=0.0, max_steps=steps, logging_steps=1, save_strategy="no",
                       report_to="none", use_cpu=True, bf16=False, seed=1234, dataloader_num_workers=0)
     trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model), reward_funcs=math_reward, args=args,
@@ -101,6 +114,18 @@ def run_trl(model: Path, data: Path, out: Path, steps: int) -> tuple[list[float]
                           callbacks=[StepClock()])
     trainer.train()
     return _deltas(ends)  # steps 2 .. n
+
+
+def write_chat_questions(path: Path, n: int = 512, seed: int = 0) -> Path:
+    """Arithmetic questions for an instruct model ("What is a + b? Answer with just the number.")."""
+    import random
+
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for _ in range(n):
+            a, b = rng.randrange(100), rng.randrange(100)
+            f.write(json.dumps({"prompt": f"What is {a} + {b}? Answer with just the number.", "label": a + b}) + "\n")
+    return path
 
 
 def sft_model(base: Path, data: Path, out: Path, steps: int) -> Path:
@@ -122,7 +147,7 @@ def side(args) -> None:
 
     set_threads(args.threads)
     fn = run_rlvr if args.side == "rlvr" else run_trl
-    wall, cpu = fn(Path(args.model), Path(args.data), Path(args.out), args.steps)
+    wall, cpu = fn(Path(args.side_model), Path(args.data), Path(args.out), args.steps, args.max_new, args.real)
     print("STEP_TIMES " + json.dumps({"wall": wall, "cpu": cpu}))
 
 
@@ -135,7 +160,10 @@ def main() -> None:
     ap.add_argument("--start", choices=["sft", "random"], default="sft")
     ap.add_argument("--sft-steps", type=int, default=300)
     ap.add_argument("--side", choices=["rlvr", "trl"], help=argparse.SUPPRESS)
-    ap.add_argument("--model", help=argparse.SUPPRESS)
+    ap.add_argument("--model", help="a real instruct checkpoint (chat prompts; see above)")
+    ap.add_argument("--max-new", type=int, default=None, help=f"new tokens per sample (default {MAX_NEW}; 64 with --model)")
+    ap.add_argument("--side-model", help=argparse.SUPPRESS)
+    ap.add_argument("--real", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -150,17 +178,23 @@ def main() -> None:
     from common import set_threads
 
     set_threads(args.threads)
-    model = model_dir("tiny", root)
-    data = write_jsonl(make_splits(n_test=200)[0], root / "train.jsonl")
-    if args.start == "sft":
+    real = args.model is not None
+    max_new = args.max_new or (64 if real else MAX_NEW)
+    if real:
+        model, data = Path(args.model).resolve(), write_chat_questions(root / "chat.jsonl")
+    else:
+        model = model_dir("tiny", root)
+        data = write_jsonl(make_splits(n_test=200)[0], root / "train.jsonl")
+    if args.start == "sft" and not real:
         model = sft_model(model, data, root / f"tiny-sft{args.sft_steps}", args.sft_steps)
     print(f"model: {model}")
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false"}
     times = {name: {"wall": [], "cpu": []} for name in ("rlvr", "trl")}
     for r in range(args.rounds):
         for name in ("rlvr", "trl"):
-            cmd = [sys.executable, __file__, "--side", name, "--model", str(model), "--data", str(data),
-                   "--out", str(root / f"{name}-{r}"), "--steps", str(args.steps), "--threads", str(args.threads)]
+            cmd = [sys.executable, __file__, "--side", name, "--side-model", str(model), "--data", str(data),
+                   "--out", str(root / f"{name}-{r}"), "--steps", str(args.steps), "--threads", str(args.threads),
+                   "--max-new", str(max_new)] + (["--real"] if real else [])
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
             line = [x for x in proc.stdout.splitlines() if x.startswith("STEP_TIMES ")]
             if proc.returncode or not line:

@@ -29,12 +29,17 @@ best time of each side is used. Ends with one JSON line per model. The 19M model
 several minutes each on 2 cores.
 
     python benchmarks/rollout_throughput.py [--repeats 2] [--threads 2] [--models ...] [--deterministic-mode --skip-hf]
+    python benchmarks/rollout_throughput.py --model models/smollm2-135m-instruct [--prompts 16] [--threads 1]
+
+``--model DIR``: a real checkpoint instead of the built models, on ``--prompts`` arithmetic
+questions rendered with its chat template (``common.chat_prompts``), the same budgets' law.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import math
 import random
 import tempfile
@@ -49,6 +54,9 @@ from rlvr.entrypoints.demo import TINY_MODEL
 from rlvr.engine.base import GenerateRequest, SamplingParams
 from rlvr.engine.embedded import EmbeddedEngine
 from rlvr.models.tiny import build_tiny_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import chat_prompts  # noqa: E402
 
 MODELS = {
     "tiny-qwen2-h256-l4": TINY_MODEL,
@@ -76,9 +84,10 @@ def run_rlvr(engine: EmbeddedEngine, prompts: list[list[int]], lens: list[int]) 
     return elapsed, sum(lens), cpu
 
 
-def run_hf(model, tok, prompts: list[list[int]], lens: list[int], prompts_per_call: int) -> tuple[float, int]:
+def run_hf(model, tok, prompts: list[list[int]], lens: list[int], prompts_per_call: int) -> tuple[float, int, float]:
+    """(wall seconds, tokens asked for, CPU seconds of this process)."""
     useful = 0
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for start in range(0, len(prompts), prompts_per_call):
         chunk = prompts[start : start + prompts_per_call]
         width = max(len(p) for p in chunk)
@@ -92,16 +101,19 @@ def run_hf(model, tok, prompts: list[list[int]], lens: list[int], prompts_per_ca
         )
         assert out.shape[1] - width == max(row_lens)
         useful += sum(row_lens)  # each row cut to its own budget
-    return time.perf_counter() - t0, useful
+    return time.perf_counter() - t0, useful, time.process_time() - c0
 
 
 def bench(name: str, path: Path, args) -> dict:
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     n_params = sum(p.numel() for p in model.parameters())
-    train, _ = make_splits()
-    prompts = [tok(p["prompt"], add_special_tokens=False)["input_ids"] for p in train[:N_PROMPTS]]
-    lens = budgets(N_PROMPTS * N_SAMPLES, args.median_len, args.max_len)
+    if args.model:
+        prompts = chat_prompts(tok, args.prompts)
+    else:
+        train, _ = make_splits()
+        prompts = [tok(p["prompt"], add_special_tokens=False)["input_ids"] for p in train[:args.prompts]]
+    lens = budgets(len(prompts) * N_SAMPLES, args.median_len, args.max_len)
     engines = {"rlvr": EmbeddedEngine(model, pad_token_id=tok.pad_token_id, seed=0, max_batch_size=args.max_batch_size)}
     if args.deterministic_mode:
         engines["rlvr-det"] = EmbeddedEngine(model, pad_token_id=tok.pad_token_id, seed=0,
@@ -120,19 +132,19 @@ def bench(name: str, path: Path, args) -> dict:
             for side in sides if rep % 2 == 0 else sides[::-1]:
                 if side in engines:
                     t, n, c = run_rlvr(engines[side], prompts, lens)
-                    cpu[side] = min(cpu.get(side, math.inf), c)
                 else:
-                    t, n = run_hf(model, tok, prompts, lens, int(side[2:]))
+                    t, n, c = run_hf(model, tok, prompts, lens, int(side[2:]))
+                cpu[side] = min(cpu.get(side, math.inf), c)
                 assert n == tokens
                 best[side] = min(best[side], t)
-                print(f"  {side:>8} run {rep}: {t:7.2f} s  {n / t:8.0f} tok/s" + (f"  cpu {c:6.2f} s" if side in engines else ""))
+                print(f"  {side:>8} run {rep}: {t:7.2f} s  {n / t:8.0f} tok/s  cpu {c:6.2f} s")
     for engine in engines.values():
         engine.close()
     row = {"bench": "rollout_throughput", "model": name, "params_m": round(n_params / 1e6, 1),
            "rlvr_tok_s": round(tokens / best["rlvr"], 1), "rlvr_cpu_s": round(cpu["rlvr"], 2)}
     if not args.skip_hf:
         hf_side = min(sides[len(engines):], key=best.get)
-        row |= {"hf_tok_s": round(tokens / best[hf_side], 1),
+        row |= {"hf_tok_s": round(tokens / best[hf_side], 1), "hf_cpu_s": round(cpu[hf_side], 2),
                 "hf_setup": f"{hf_side[2:]} prompts x {N_SAMPLES} per generate call",
                 "ratio": round(best[hf_side] / best["rlvr"], 2)}
         print(f"  rlvr {row['rlvr_tok_s']:.0f} tok/s vs HF generate {row['hf_tok_s']:.0f} tok/s "
@@ -157,9 +169,15 @@ def main() -> None:
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--deterministic-mode", action="store_true", help="also time the engine's deterministic mode")
     p.add_argument("--skip-hf", action="store_true", help="time rlvr's engine only")
+    p.add_argument("--model", help="a real HF checkpoint instead of --models (chat prompts)")
+    p.add_argument("--prompts", type=int, default=None, help=f"default {N_PROMPTS}; 16 with --model")
     args = p.parse_args()
+    args.prompts = args.prompts or (16 if args.model else N_PROMPTS)
     torch.set_num_threads(args.threads)
     rows = []
+    if args.model:
+        rows.append(bench(Path(args.model).name, Path(args.model), args))
+        args.models = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
             path = build_tiny_model(Path(tmp) / name, arch="qwen2", **MODELS[name])

@@ -24,7 +24,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 VOCAB = 32768
-MODES = [("low_var_kl", 512), ("token_level_kl", 512), ("token_level_kl", -1)]
+ONE_CHUNK = 1 << 30  # more rows than any micro-batch holds: the whole micro-batch in one chunk (-1 picks by vocabulary)
+MODES = [("low_var_kl", 512), ("token_level_kl", 512), ("token_level_kl", ONE_CHUNK)]
 
 
 def child(model: str, kl_type: str, chunk: int) -> None:

@@ -16,6 +16,15 @@ fixed (default 1: on a shared machine one thread per process avoids OpenMP barri
 is a warm-up.
 
     python benchmarks/train_throughput.py [--models tiny 20m] [--rounds 3]
+    python benchmarks/train_throughput.py --model models/smollm2-135m-instruct [--threads 2]
+
+``--model DIR`` (a real checkpoint): one trainer, GRPO rollouts of ``--prompts`` x ``--per-prompt``
+chat prompts of the model's template with RL's long-tailed response lengths (``common.chat_samples``,
+at most ``--max-response``), packed and padded steps alternating, and between them the machine's
+float32 matmul rate at the same thread count (best of 3 square GEMMs of ``--gemm-size``). Model
+FLOPs utilisation = 6 x parameters x positions the packed step computes per second / that rate,
+by wall time and by process CPU time (steady when other jobs share the cores); with
+``--recompute-activations`` the hardware does 8 x, the recomputed forward included.
 
 Ends with one JSON line per model.
 """
@@ -40,18 +49,102 @@ from rlvr.train.packing import Layout, pad  # noqa: E402
 from rlvr.train.trainer import Trainer  # noqa: E402
 
 
+def gemm_flops(n: int, repeats: int = 3) -> tuple[float, float]:
+    """The float32 matmul rate of this process's threads, best of ``repeats`` n x n x n GEMMs:
+    FLOP per wall second and FLOP per CPU second (the latter holds on a shared machine)."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)  # warm-up
+    times = [_timed(lambda: torch.mm(a, b)) for _ in range(repeats)]
+    return 2 * n**3 / min(t for t, _ in times), 2 * n**3 / min(c for _, c in times)
+
+
+def _timed(fn) -> tuple[float, float]:
+    t0, c0 = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def real_model(args) -> None:
+    """--model DIR: packed vs padded steps of one trainer on chat rollouts, and the MFU (see above)."""
+    from transformers import AutoTokenizer
+
+    from common import chat_samples
+
+    tok = AutoTokenizer.from_pretrained(args.model)
+    samples = chat_samples(tok, args.prompts, args.per_prompt, args.max_response)
+    cfg = TrainConfig(hf_checkpoint=args.model, lr=1e-7, use_dynamic_batch_size=True, use_rollout_logprobs=True,
+                      max_tokens_per_gpu=args.max_tokens_per_gpu, recompute_activations=args.recompute_activations)
+    trainer = Trainer(cfg, AlgoConfig(), n_samples_per_prompt=args.per_prompt)
+    n_params = sum(p.numel() for p in trainer.model.parameters())
+    bins = trainer._micro_batches(samples, list(range(len(samples))))
+    tokens = sum(s.total_length for s in samples)
+    positions = {"packed": sum(Layout().batch([samples[i] for i in b]).slots for b in bins),
+                 "padded": sum(pad([samples[i] for i in b]).slots for b in bins)}
+    print(f"{args.model}: {n_params / 1e6:.1f}M parameters; {len(samples)} samples, {tokens} tokens in {len(bins)} "
+          f"micro-batches; positions computed: packed {positions['packed']}, padded {positions['padded']}")
+    layouts = {"packed": Layout()} | ({} if args.packed_only else {"padded": Layout(packed=False)})
+    runs: dict[str, list[tuple[float, float]]] = {k: [] for k in layouts}
+    rates = []
+    for r in range(args.rounds + 1):  # round 0 warms up
+        rates.append(gemm_flops(args.gemm_size))
+        for name, layout in layouts.items():
+            trainer.layout = layout
+            c0 = time.process_time()
+            m = trainer.train(r, samples)
+            cpu = time.process_time() - c0
+            if r:
+                runs[name].append((m["perf/train_time"], cpu))
+            print(f"  round {r} {name}: {m['perf/train_time']:.1f} s ({cpu:.1f} s CPU), {tokens / m['perf/train_time']:.0f} "
+                  f"tok/s; matmul {rates[-1][0] / 1e9:.1f} GFLOP/s ({rates[-1][1] / 1e9:.1f} per CPU-s)"
+                  f"{'  (warm-up)' if r == 0 else ''}", flush=True)
+    rate = statistics.median(x[0] for x in rates[1:])
+    cpu_rate = statistics.median(x[1] for x in rates[1:])
+    wall = {k: statistics.median(t for t, _ in v) for k, v in runs.items()}
+    cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
+    flops = 6 * n_params * positions["packed"]
+    mfu, cpu_mfu = flops / wall["packed"] / rate, flops / cpu["packed"] / cpu_rate
+    row = {"bench": "train_throughput_real", "model": Path(args.model).name, "params": n_params, "tokens": tokens,
+           "positions_packed": positions["packed"], "positions_padded": positions["padded"], "threads": args.threads,
+           "max_tokens_per_gpu": args.max_tokens_per_gpu, "recompute_activations": args.recompute_activations,
+           "packed_tok_s": round(tokens / wall["packed"], 1),
+           "padded_tok_s": round(tokens / wall["padded"], 1) if "padded" in wall else None,
+           "ratio": round(wall["padded"] / wall["packed"], 3) if "padded" in wall else None,
+           "cpu_ratio": round(cpu["padded"] / cpu["packed"], 3) if "padded" in wall else None,
+           "packed_s": round(wall["packed"], 2), "packed_cpu_s": round(cpu["packed"], 2),
+           "matmul_gflop_s": round(rate / 1e9, 1), "matmul_gflop_per_cpu_s": round(cpu_rate / 1e9, 1),
+           "mfu": round(mfu, 3), "mfu_cpu_time": round(cpu_mfu, 3)}
+    vs = "" if args.packed_only else f" vs padded {row['padded_tok_s']} tok/s: {row['ratio']}x (CPU {row['cpu_ratio']}x)"
+    print(f"packed {row['packed_tok_s']:.0f} tok/s{vs}; matmul {row['matmul_gflop_s']} GFLOP/s "
+          f"({row['matmul_gflop_per_cpu_s']} per CPU-s); MFU {mfu:.1%} by wall time, {cpu_mfu:.1%} by CPU time")
+    print(json.dumps(row))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", nargs="+", default=["tiny", "20m"])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--prompts", type=int, default=2)
+    # defaults: toy models 2 x 8 x <= 1024 tokens, cap 4096; --model 8 x 8 x <= 64 (the demo's shape), cap 1024
+    # (a padded micro-batch at the demo's 8192 would hold ~7,000 positions, ~10 GB of activations on SmolLM2)
+    ap.add_argument("--prompts", type=int, default=None)
     ap.add_argument("--per-prompt", type=int, default=8)
-    ap.add_argument("--max-response", type=int, default=1024)
-    ap.add_argument("--max-tokens-per-gpu", type=int, default=4096)
+    ap.add_argument("--max-response", type=int, default=None)
+    ap.add_argument("--max-tokens-per-gpu", type=int, default=None)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--model", help="a real HF checkpoint (see above)")
+    ap.add_argument("--gemm-size", type=int, default=2048)
+    ap.add_argument("--recompute-activations", action="store_true")
+    ap.add_argument("--packed-only", action="store_true", help="--model: no padded steps (the MFU alone)")
     args = ap.parse_args()
     set_threads(args.threads)
+    real = args.model is not None
+    args.prompts = args.prompts or (8 if real else 2)
+    args.max_response = args.max_response or (64 if real else 1024)
+    args.max_tokens_per_gpu = args.max_tokens_per_gpu or (1024 if real else 4096)
+    if real:
+        return real_model(args)
     root = Path(args.workdir or tempfile.mkdtemp(prefix="rlvr-bench-"))
     samples = rl_samples(args.prompts, args.per_prompt, args.max_response)
     lengths = [s.total_length for s in samples]

@@ -137,7 +137,8 @@ class TrainConfig:
     ref_update_interval: int | None = _f(None, "copy the policy into the reference model every N rollouts", ge=1)
     use_rollout_logprobs: bool = _f(False, "use the engine's log-probs as the old policy instead of recomputing them")
     use_rollout_routing_replay: bool = _f(False, "MoE (R3): the trainer's forwards use the experts the engine's routers chose")
-    log_probs_chunk_size: int = _f(-1, "response tokens per output-layer chunk for log-probs/entropy; -1 = one chunk")
+    log_probs_chunk_size: int = _f(-1, "response tokens per output-layer chunk for log-probs/entropy; -1 = by the vocabulary "
+                                   "(<= 64 MiB of float32 logits per chunk: 341 rows at 49,152 tokens)")
     balance_data: bool = _f(False, "split a rollout across data-parallel ranks by token count (Karmarkar-Karp)")
     bf16: bool = _f(False, "bfloat16 parameters and activations, float32 master weights in the optimizer")
     recompute_activations: bool = _f(False, "recompute each layer's activations in backward to save memory")
@@ -168,7 +169,7 @@ class TrainConfig:
                                              "drop --ref-load (the reference is then the initial --hf-checkpoint)")
                               if megatron else f"{self.ref_load} has no config.json; point it at a HF model directory")
         if self.log_probs_chunk_size == 0 or self.log_probs_chunk_size < -1:
-            raise ConfigError("--log-probs-chunk-size", f"must be >= 1 or -1 (one chunk), got {self.log_probs_chunk_size}")
+            raise ConfigError("--log-probs-chunk-size", f"must be >= 1 or -1 (by the vocabulary), got {self.log_probs_chunk_size}")
         if self.lora_adapter_path is not None and not (Path(self.lora_adapter_path) / "adapter_config.json").is_file():
             raise ConfigError("--lora-adapter-path", f"{self.lora_adapter_path} has no adapter_config.json; "
                                                      "point it at a PEFT adapter directory")

@@ -118,7 +118,8 @@ class _Lane:
 
 class EmbeddedEngine:
     """In-process engine. Holds its own copy of the weights (the trainer pushes new ones), except a
-    LoRA policy's frozen base, which it shares with the trainer."""
+    LoRA policy's frozen base, which it shares with the trainer; with ``share_weights`` it samples
+    from the trainer's module itself (``_shared_model``) and a weight update only moves the version."""
 
     def __init__(
         self,
@@ -133,28 +134,26 @@ class EmbeddedEngine:
         kv_budget_bytes: int | None = None,
         mem_fraction: float | None = None,
         deterministic: bool = False,
+        share_weights: bool = False,
     ):
         self._shared: set[str] = set()  # parameters that are the trainer's own tensors (never written here)
-        if isinstance(model, PreTrainedModel):
-            # A copy on the model's own device (colocated on one GPU: no host round trip). A LoRA
-            # policy's frozen base is shared, not copied, when device and dtype already match:
-            # it never changes, so the process keeps one copy of the base weights (issue 18).
-            same = (device is None or torch.device(device) == next(model.parameters()).device) and dtype is None
-            frozen = {n: p for n, p in model.named_parameters() if not p.requires_grad} if same else {}
-            if len(frozen) == sum(1 for _ in model.parameters()):
-                frozen = {}  # a frozen model is not a LoRA policy: copy it whole
-            self.model = copy.deepcopy(model, memo={id(p): p for p in frozen.values()})
-            self._shared = set(frozen)
+        self.shares_weights = share_weights
+        if share_weights:
+            self.model, self._shared = _shared_model(model, device, dtype)
+        elif isinstance(model, PreTrainedModel):
+            self.model, self._shared = _copied_model(model, device, dtype)
         else:
             self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
         device = torch.device(device) if device is not None else next(self.model.parameters()).device
-        # dtype: the engine's precision when it differs from the model's (e.g. bfloat16 sampling
-        # for a float32 trainer, the train-inference mismatch R3 and TIS correct).
-        self.model.to(device, dtype=dtype).eval()
         # What a weight update must bring: every parameter, or only the adapters of a LoRA-wrapped
-        # model (rlvr.train.lora: its frozen base never changes, so it is neither sent nor freed).
-        self._synced = {n for n, p in self.model.named_parameters() if p.requires_grad}
-        self.model.requires_grad_(False)
+        # model (rlvr.train.lora: its frozen base never changes, so it is neither sent nor freed);
+        # nothing when the engine samples from the trainer's own tensors.
+        self._synced = {n for n, p in self.model.named_parameters() if p.requires_grad and n not in self._shared}
+        if not share_weights:  # the trainer's module keeps its precision, mode and trainable flags
+            # dtype: the engine's precision when it differs from the model's (e.g. bfloat16 sampling
+            # for a float32 trainer, the train-inference mismatch R3 and TIS correct).
+            self.model.to(device, dtype=dtype).eval()
+            self.model.requires_grad_(False)
         # R3 (--enable-return-routed-experts): every result carries the experts each MoE layer's
         # router chose for every position it ran (prompt and sampled tokens): rlvr.models.moe.
         self.routing = RoutingRecorder(self.model) if return_routed_experts else None
@@ -264,8 +263,8 @@ class EmbeddedEngine:
                 if name not in params:
                     raise KeyError(f"update_weights: engine model has no parameter {name!r}")
                 if name in self._shared:
-                    raise KeyError(f"update_weights: {name!r} is the trainer's frozen LoRA base, shared with "
-                                   "this engine; send the adapters only")
+                    _check_is_shared(name, tensor, params[name], self.shares_weights)
+                    continue  # the trainer's own tensor: already current
                 params[name].copy_(tensor)
                 seen.add(name)
             missing = self._synced - seen
@@ -646,6 +645,48 @@ class EmbeddedEngine:
             else:
                 keep.append(i)
         return keep
+
+
+def _copied_model(model: PreTrainedModel, device, dtype) -> tuple[PreTrainedModel, set[str]]:
+    """A copy on the model's own device (colocated on one GPU: no host round trip). A LoRA
+    policy's frozen base is shared, not copied, when device and dtype already match: it never
+    changes, so the process keeps one copy of the base weights."""
+    same = (device is None or torch.device(device) == next(model.parameters()).device) and dtype is None
+    frozen = {n: p for n, p in model.named_parameters() if not p.requires_grad} if same else {}
+    if len(frozen) == sum(1 for _ in model.parameters()):
+        frozen = {}  # a frozen model is not a LoRA policy: copy it whole
+    return copy.deepcopy(model, memo={id(p): p for p in frozen.values()}), set(frozen)
+
+
+def _shared_model(model, device, dtype) -> tuple[PreTrainedModel, set[str]]:
+    """The trainer's own module, for an engine that samples from it (``share_weights``): a
+    synchronous local run, where sampling and training take turns and every rollout is sampled from
+    the latest weights, so a copy would only hold the same numbers twice (4 bytes per parameter in
+    float32). Its decode steps run under ``no_grad`` in the module's eval mode (the trainer keeps
+    it there); layers with recomputation enabled run plainly without gradients (transformers'
+    ``GradientCheckpointingLayer``), cache included."""
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError("share_weights needs the trainer's module, not a checkpoint path")
+    own = next(model.parameters())
+    if (device is not None and torch.device(device) != own.device) or (dtype is not None and dtype != own.dtype):
+        raise ValueError(f"share_weights: the engine computes on the module's own {own.device} / {own.dtype}; "
+                         f"got device={device}, dtype={dtype}")
+    if model.training:
+        raise ValueError("share_weights: the module is in training mode (dropout on); the engine samples in eval mode")
+    return model, set(model.state_dict(keep_vars=True))  # tied aliases (lm_head.weight) included
+
+
+def _check_is_shared(name: str, tensor: torch.Tensor, own: torch.Tensor, shares_weights: bool) -> None:
+    """A weight update's tensor for a parameter the engine shares must be that parameter (the
+    trainer sending its own weights: nothing to copy); any other tensor is refused, before anything
+    is written, since writing it would change the trainer's weights."""
+    if tensor.data_ptr() == own.data_ptr() and tensor.shape == own.shape:
+        return
+    if shares_weights:
+        raise KeyError(f"update_weights: {name!r}: this engine samples from the trainer's own weights "
+                       "(share_weights) and takes no other tensors")
+    raise KeyError(f"update_weights: {name!r} is the trainer's frozen LoRA base, shared with this engine; "
+                   "send the adapters only")
 
 
 def kv_budget_from_fraction(fraction: float, model: torch.nn.Module, device: torch.device) -> int:

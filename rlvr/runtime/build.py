@@ -154,19 +154,33 @@ def build_engine(cfg: Config, model, tokenizer):
 
 
 def embedded_engine(cfg: Config, model, tokenizer, device=None, seed: int | None = None):
-    """The embedded engine on ``model`` (a module: a copy on its device; a path: loaded on
-    ``device``), with ``--rollout-max-running-requests`` slots and the ``--sglang-mem-fraction-static``
-    memory budget. Local mode and Ray's engine actors both build it here."""
+    """The embedded engine on ``model`` (a module: the module itself where
+    ``engine_shares_trainer_weights``, else a copy on its device; a path: loaded on ``device``),
+    with ``--rollout-max-running-requests`` slots and the ``--sglang-mem-fraction-static`` memory
+    budget. Local mode and Ray's engine actors both build it here."""
     from rlvr.engine.embedded import EmbeddedEngine
 
     r = cfg.engine
     if cfg.run.deterministic_mode:  # before the engine's first CUDA call (rlvr.core.determinism)
         use_deterministic_mode()
+    share = not isinstance(model, (str, Path)) and device is None and engine_shares_trainer_weights(cfg)
     return EmbeddedEngine(model, pad_token_id=tokenizer.pad_token_id, seed=cfg.train.seed if seed is None else seed,
                           max_batch_size=r.rollout_max_running_requests, tokenizer=tokenizer, device=device,
                           mem_fraction=r.sglang_mem_fraction_static,
                           return_routed_experts=cfg.train.use_rollout_routing_replay,
-                          deterministic=cfg.run.deterministic_mode)
+                          deterministic=cfg.run.deterministic_mode, share_weights=share)
+
+
+def engine_shares_trainer_weights(cfg: Config) -> bool:
+    """Whether local mode's embedded engine samples from the trainer's own module rather than a
+    copy of it (one float32 copy of the weights fewer): in a synchronous run sampling and training
+    take turns, and with ``--update-weights-interval 1`` every rollout is sampled from the latest
+    weights, which are then the trainer's. Not under ``--async`` (the two run at once),
+    ``--colocate`` (the engine's sleep frees its weights) or R3 (the engine's routing recorder
+    would also record the trainer's forwards)."""
+    a = cfg.asynchronous
+    return (not cfg.cluster.ray and not a.async_train and a.update_weights_interval == 1 and not cfg.cluster.colocate
+            and not cfg.train.use_rollout_routing_replay)
 
 
 def routed_top_k(cfg: Config) -> int:

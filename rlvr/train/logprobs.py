@@ -2,12 +2,13 @@
 
 Log-probs and entropy are computed only where needed: the hidden states that predict response
 tokens are gathered first (token t is predicted at position t - 1), and the output layer and
-softmax run on those rows only, ``chunk_size`` rows at a time (``--log-probs-chunk-size``); under
-autograd each chunk is recomputed in backward, so the full ``[tokens, vocab]`` logits never exist
-at once. With ``--kl-loss-type token_level_kl`` the same chunks also yield the exact KL to the
-reference over the whole vocabulary (``KLReference``: the reference's output layer and its last
-hidden states at the same positions), so its ``[chunk, vocab]`` log-softmax exists one chunk at a
-time too.
+softmax run on those rows only, ``chunk_size`` rows at a time (``--log-probs-chunk-size``; its
+default -1 is ``auto_chunk_size``: as many rows as keep one chunk's float32 logits within 64 MiB,
+341 at a 49,152-token vocabulary, 64 at 262,144); under autograd each chunk is recomputed in
+backward, so the full ``[tokens, vocab]`` logits never exist at once. With ``--kl-loss-type
+token_level_kl`` the same chunks also yield the exact KL to the reference over the whole
+vocabulary (``KLReference``: the reference's output layer and its last hidden states at the same
+positions), so its ``[chunk, vocab]`` log-softmax exists one chunk at a time too.
 """
 
 from __future__ import annotations
@@ -34,6 +35,23 @@ def response_hidden(base_model: torch.nn.Module, batch: TokenBatch) -> torch.Ten
     finally:
         PACKED_FORWARD.reset(token)
     return hidden.reshape(-1, hidden.shape[-1])[batch.src]
+
+
+# One chunk's float32 logits under --log-probs-chunk-size -1. Each chunk holds a few [chunk, vocab]
+# temporaries at once (logits, log-softmax, its exp for the entropy); benchmarks/train_memory.py
+# measures the step at one chunk and at this size. Measured on SmolLM2's head (2,048 rows, vocabulary
+# 49,152, 2 threads): forward+backward CPU time 9.8-11.4 s at 128-2,048 rows per chunk, 14.4 s at 64.
+LOGITS_CHUNK_BYTES = 64 * 2**20
+
+
+def auto_chunk_size(vocab_size: int) -> int:
+    """Rows per output-layer chunk for ``--log-probs-chunk-size -1``: float32 logits of at most
+    ``LOGITS_CHUNK_BYTES`` per chunk, and at least 16 rows.
+
+    >>> auto_chunk_size(49152), auto_chunk_size(262144), auto_chunk_size(260)
+    (341, 64, 64527)
+    """
+    return max(16, LOGITS_CHUNK_BYTES // (4 * vocab_size))
 
 
 @dataclass

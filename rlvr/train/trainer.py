@@ -78,7 +78,7 @@ from rlvr.train.critic import CriticTrainer
 from rlvr.train.guard import BadStepGuard
 from rlvr.train.memory import peak_memory_gb, reset_peak_memory
 from rlvr.train.attention import ATTN_IMPLEMENTATION
-from rlvr.train.logprobs import decoder_and_head, response_log_probs
+from rlvr.train.logprobs import auto_chunk_size, decoder_and_head, response_log_probs
 from rlvr.train.packing import Layout
 from rlvr.train.parallel import Parallel, SingleProcess
 from rlvr.train.schedule import lr_at
@@ -442,7 +442,10 @@ class Trainer:
         return lr_at(self.step, self.total_steps, c.lr, c.min_lr, c.lr_decay_style, c.lr_warmup_iters) / c.lr
 
     def _chunk(self) -> int:
-        return self.cfg.log_probs_chunk_size if self.cfg.log_probs_chunk_size > 0 else 1 << 62
+        """Rows per output-layer chunk: --log-probs-chunk-size, or by the vocabulary for -1."""
+        if self.cfg.log_probs_chunk_size > 0:
+            return self.cfg.log_probs_chunk_size
+        return auto_chunk_size(self.model.get_output_embeddings().weight.shape[0])
 
     def _log_probs(self, forward, mb: list[Sample], width: int, with_entropy: bool, **kwargs):
         """``forward`` is ``self.policy`` or ``response_log_probs`` bound to a model (same arguments)."""
