@@ -3,7 +3,8 @@ against the sampled-token estimator ``low_var_kl``, and with the output layer ch
 
 The demo's tiny model shape with a 32768-token vocabulary (what makes the full distribution
 matter), a KL loss to a reference model, one rollout of 8 samples x (100 prompt + 412 response)
-tokens in one micro-batch (``--use-dynamic-batch-size --max-tokens-per-gpu 4096``). Each mode runs in its own subprocess: one ``train`` to allocate AdamW's state, then the
+tokens in one micro-batch (``--use-dynamic-batch-size --max-tokens-per-gpu 4096``). Each mode runs in its own subprocess:
+one ``train`` to allocate AdamW's state, then the
 peak-RSS counter is reset (``/proc/self/clear_refs``) and a second ``train`` (reference forward,
 p0 forward, one step) is measured. Reported: RSS before, the peak, and the difference.
 
@@ -41,7 +42,7 @@ def child(model: str, kl_type: str, chunk: int) -> None:
 
     rng = random.Random(0)
     samples = []
-    for g in range(2):
+    for _ in range(2):
         prompt = [rng.randrange(VOCAB) for _ in range(100)]
         for j in range(4):
             resp = [rng.randrange(VOCAB) for _ in range(412)]
@@ -81,7 +82,8 @@ def main() -> None:
             sys.exit(proc.stderr[-3000:])
         r = json.loads(line[0].split(" ", 1)[1])
         print(json.dumps({"bench": "token_kl_memory", "kl_loss_type": kl_type, "log_probs_chunk_size": chunk,
-                          "vocab": VOCAB, "response_tokens": 8 * 412, "max_tokens_per_gpu": 4096, "rss_before_gb": round(r["before_gb"], 3),
+                          "vocab": VOCAB, "response_tokens": 8 * 412, "max_tokens_per_gpu": 4096,
+                          "rss_before_gb": round(r["before_gb"], 3),
                           "peak_rss_gb": round(r["peak_gb"], 3), "step_gb": round(r["peak_gb"] - r["before_gb"], 3),
                           "kl_loss": round(r["kl"], 5), "train_time_s": round(r["train_time"], 2)}), flush=True)
 

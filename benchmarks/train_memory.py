@@ -78,7 +78,7 @@ def child(model: str, recompute: bool, lora_rank: int, kl: bool, tokens: int, wi
     rng = random.Random(0)
     samples = []
     prompt_len, resp_len = tokens // 40, tokens // 8 - tokens // 40  # 8 samples (2 prompts x 4) fill the budget
-    for g in range(2):
+    for _ in range(2):
         prompt = [rng.randrange(256) for _ in range(prompt_len)]
         for j in range(4):
             resp = [rng.randrange(256) for _ in range(resp_len)]

@@ -183,7 +183,6 @@ def random_samples(n: int, prompt_len: int, response_len: int, group: int, seed:
 
 
 def train_bench(ckpt: str, peak_tflops: float) -> dict:
-    import torch
 
     from rlvr.algo import AlgoConfig
     from rlvr.config import TrainConfig
@@ -253,7 +252,8 @@ def colocated_cycle(ckpt: str) -> dict:
             "train_peak_memory_gb": round(metrics["perf/peak_memory_gb"], 2),
             "after_push_sample_peak_memory_gb": round(push_and_sample_gb, 2),
             "logprob_abs_diff_mean": round(float(diff.mean()), 5), "logprob_abs_diff_max": round(float(diff.max()), 4),
-            "tis_weight_mean": round(float(ratio.mean()), 4), "tis_clipped_share_at_2": round(float((ratio > 2).float().mean()), 4),
+            "tis_weight_mean": round(float(ratio.mean()), 4),
+            "tis_clipped_share_at_2": round(float((ratio > 2).float().mean()), 4),
             "tokens": int(diff.numel()), "kv_budget_gb": round(engine.kv_budget_bytes / 2**30, 2)}
 
 

@@ -66,7 +66,8 @@ class RolloutConfig:
     rollout_batch_size: int = _f(8, "prompts per rollout", ge=1)
     n_samples_per_prompt: int = _f(8, "responses sampled per prompt (the GRPO group size)", ge=1)
     rollout_max_response_len: int = _f(64, "maximum new tokens per response", ge=1)
-    rollout_temperature: float = _f(1.0, "sampling temperature (also applied to training log-probs); greedy (0) has no exploration", gt=0)
+    rollout_temperature: float = _f(1.0, "sampling temperature (also applied to training log-probs); greedy (0) has no "
+                                         "exploration", gt=0)
     rollout_top_p: float = _f(1.0, "nucleus sampling mass", gt=0, le=1)
     rollout_top_k: int = _f(-1, "top-k sampling; -1 = off")
     custom_reward_post_process_path: str | None = _f(
@@ -80,13 +81,16 @@ class RolloutConfig:
     overlong_penalty_factor: float = _f(1.0, "DAPO soft overlong penalty: its maximum size", ge=0)
     # ---- engine, abort and partial rollout ----
     over_sampling_batch_size: int | None = _f(
-        None, "prompt groups submitted per sampling round (>= --rollout-batch-size); extra groups are aborted once enough are kept"
+        None, "prompt groups submitted per sampling round (>= --rollout-batch-size); extra groups are aborted once enough "
+              "are kept"
     )
-    partial_rollout: bool = _f(False, "groups aborted at the end of a rollout go to the data source's buffer and continue next rollout")
+    partial_rollout: bool = _f(False, "groups aborted at the end of a rollout go to the data source's buffer and continue "
+                                      "next rollout")
     mask_offpolicy_in_partial_rollout: bool = _f(False, "with --partial-rollout: loss mask 0 on tokens an older policy produced")
     # ---- fully async rollout and fault tolerance ----
     rollout_concurrency: int | None = _f(
-        None, "--async: prompt groups in flight at once (each --n-samples-per-prompt requests); default --rollout-batch-size", ge=1
+        None, "--async: prompt groups in flight at once (each --n-samples-per-prompt requests); default "
+              "--rollout-batch-size", ge=1
     )
     # ---- slime's rollout flags ----
     rollout_stop: list[str] = _f([], "stop strings: a response finishes once its text contains one (training and eval)")
@@ -144,7 +148,8 @@ class TrainConfig:
     recompute_activations: bool = _f(False, "recompute each layer's activations in backward to save memory")
     optimizer: str = _f("adam", "slime's optimizer name; Megatron's adam is AdamW (decoupled weight decay), "
                                 "which is what rlvr runs", ["adam"])
-    max_consecutive_skipped_steps: int = _f(3, "stop after this many optimizer steps in a row skipped for a non-finite loss/grad norm", ge=1)
+    max_consecutive_skipped_steps: int = _f(3, "stop after this many optimizer steps in a row skipped for a non-finite "
+                                               "loss/grad norm", ge=1)
     lora_rank: int = _f(0, "LoRA rank: train low-rank adapters on --target-modules instead of every weight; 0 = off", ge=0)
     lora_alpha: float | None = _f(None, "LoRA scale numerator (scale = alpha / rank); default 2 x --lora-rank", gt=0)
     lora_dropout: float = _f(0.0, "dropout on the LoRA input in the training forwards", ge=0, lt=1)
@@ -169,7 +174,8 @@ class TrainConfig:
                                              "drop --ref-load (the reference is then the initial --hf-checkpoint)")
                               if megatron else f"{self.ref_load} has no config.json; point it at a HF model directory")
         if self.log_probs_chunk_size == 0 or self.log_probs_chunk_size < -1:
-            raise ConfigError("--log-probs-chunk-size", f"must be >= 1 or -1 (by the vocabulary), got {self.log_probs_chunk_size}")
+            raise ConfigError("--log-probs-chunk-size",
+                              f"must be >= 1 or -1 (by the vocabulary), got {self.log_probs_chunk_size}")
         if self.lora_adapter_path is not None and not (Path(self.lora_adapter_path) / "adapter_config.json").is_file():
             raise ConfigError("--lora-adapter-path", f"{self.lora_adapter_path} has no adapter_config.json; "
                                                      "point it at a PEFT adapter directory")
@@ -288,7 +294,8 @@ class RunConfig:
         for name in ("save_debug_rollout_data", "load_debug_rollout_data"):
             value = getattr(self, name)
             if value is not None and "{rollout_id}" not in value:
-                raise ConfigError(flag_of(name), f"{value!r} needs a {{rollout_id}} placeholder, e.g. dump/rollout_{{rollout_id}}.pt")
+                raise ConfigError(flag_of(name),
+                                  f"{value!r} needs a {{rollout_id}} placeholder, e.g. dump/rollout_{{rollout_id}}.pt")
         if self.load_debug_rollout_data is not None:
             self.debug_train_only = True  # slime: loading rollouts means no sampling
         if self.debug_train_only and self.load_debug_rollout_data is None:

@@ -121,7 +121,8 @@ def make_rollout(cfg: Config, engine, tokenizer, records) -> Rollout:
                       chat_template_kwargs=d.chat_template_kwargs(), slime_args=args, seed=cfg.train.seed,
                       deterministic=cfg.run.deterministic_mode)
     a = cfg.agent
-    if a.per_sample or a.rollout_function_path or cfg.eval.eval_function_path:  # multi-turn hooks (issue 17); they get the whole config, as slime's
+    # multi-turn hooks get the whole config, as slime's
+    if a.per_sample or a.rollout_function_path or cfg.eval.eval_function_path:
         from rlvr.agents.hooks import Agent
 
         rollout.agent = Agent(cfg, engine, tokenizer, rollout)

@@ -162,7 +162,7 @@ class Trainer:
         n_samples_per_prompt: int = 1,
         total_steps: int = 1,
         parallel: Parallel | None = None,
-        layout: Layout = Layout(),
+        layout: Layout = Layout(),  # noqa: B008 (Layout is frozen)
         teacher=None,
         device: torch.device | str = "cpu",
         lora_sync_merged: bool = False,
