@@ -2,7 +2,7 @@
 
 Default: the ~20M model at --max-tokens-per-gpu 4096, with and without --recompute-activations.
 ``--lora-rank R``: the ~100M model, one GRPO step with a KL reference (``--use-kl-loss``), full
-fine-tuning against LoRA of rank R on all linear layers (issue 18: the reference is the base with
+fine-tuning against LoRA of rank R on all linear layers (the reference is the base with
 the adapter disabled, and only the adapters carry gradients and AdamW state).
 
 Each mode runs in its own subprocess: build the trainer (``--use-dynamic-batch-size

@@ -86,7 +86,7 @@ def test_update_weights_changes_policy_and_version(setup, tiny_qwen2):
         eng.update_weights({"bogus": torch.zeros(1)}, version=8)
 
 
-# ---- continuous batching, exactness, abort, weights (issue 5) ---------------------------------
+# ---- continuous batching, exactness, abort, weights ---------------------------------
 import threading  # noqa: E402
 import time  # noqa: E402
 

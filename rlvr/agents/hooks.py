@@ -1,4 +1,4 @@
-"""slime's two customisation hooks, with slime's shapes (seed 003's architecture; issue 17).
+"""slime's two customisation hooks, with slime's shapes (seed 003's architecture).
 
 ``--custom-generate-function-path module:fn`` replaces the engine call of *one sample*::
 

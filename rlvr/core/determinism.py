@@ -15,7 +15,7 @@ import os
 
 import torch
 
-# slime's launch-script environment for deterministic runs (seed 000, appendix A).
+# slime's launch-script environment for deterministic runs.
 CUDA_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "NCCL_ALGO": "Ring", "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"}
 
 

@@ -30,7 +30,7 @@ step that was running. ``update_weights`` takes effect between two decode steps:
 flight keeps its KV cache and continues under the new weights, and ``weight_versions`` records
 which version sampled each token.
 
-Device (issue 16): the engine computes on ``device`` (default: the given module's device, or CPU
+Device: the engine computes on ``device`` (default: the given module's device, or CPU
 for a checkpoint path). The batch's tensors, the per-request sampling generators and every
 sampling input live there; the host sees one copy per decode step (the step's sampled tokens and
 their log-probs together, ``_to_host``: stop checks and results need them), never one per row or

@@ -84,7 +84,7 @@ class Rollout:
             else None
         )
         self._prompt_cache: dict[str, tuple[str, list[int]]] = {}
-        self.agent = agent  # rlvr.agents.hooks.Agent: custom generate / rollout functions (issue 17)
+        self.agent = agent  # rlvr.agents.hooks.Agent: custom generate / rollout functions
         self.top_logprobs_num = 0  # --use-score-centering: the engine returns q's top-k with every token
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         self.stop_ids = tuple(dict.fromkeys(eos + list(cfg.rollout_stop_token_ids)))  # --rollout-stop-token-ids
@@ -349,7 +349,7 @@ class Rollout:
     def _fill(self, s: Sample, r: GenerateResult) -> None:
         """Append the engine's tokens to the sample. A resumed partial sample keeps the tokens it
         already has; with --mask-offpolicy-in-partial-rollout those (an older policy's) get loss
-        mask 0 (seed 000 §4.2), so only the current policy's tokens are trained on. Their
+        mask 0, so only the current policy's tokens are trained on. Their
         log-probs stay as sampled: q for the importance corrections."""
         if s.response_ids:
             s.metadata["partial_rollout_resumes"] = s.metadata.get("partial_rollout_resumes", 0) + 1

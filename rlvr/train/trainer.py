@@ -1,6 +1,6 @@
 """The trainer: turns a ``RolloutBatch`` into optimizer steps (DESIGN "Layers": ``train``).
 
-Per rollout (seed 000 §2.6): recompute the old policy's log-probs p0 (or take the engine's with
+Per rollout: recompute the old policy's log-probs p0 (or take the engine's with
 ``--use-rollout-logprobs``) and the reference model's (only when a KL term uses them), compute
 advantages with the registered estimator, then for each global batch of ``global_batch_size``
 samples run micro-batches forward/backward and take one optimizer step; a rollout of several
@@ -175,7 +175,7 @@ class Trainer:
         self.layout = layout  # packed micro-batches; benchmarks/train_throughput.py compares padded ones
         torch.manual_seed(train.seed)
         # Policy, reference, critic, masters, optimizer state and every rollout tensor live on
-        # ``device``; --bf16's float32 masters too (rlvr.core.device; issue 16).
+        # ``device``; --bf16's float32 masters too (rlvr.core.device).
         self.device = torch.device(device)
         self.model = load_policy(train.hf_checkpoint, train.bf16, self.device)
         # LoRA (rlvr.train.lora): PEFT's layers in self.model, only the adapters trainable; the

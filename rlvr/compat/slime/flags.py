@@ -1,6 +1,6 @@
-"""slime flags that are not rlvr config fields: the one policy for a slime launch script (issue 20.5).
+"""slime flags that are not rlvr config fields: the one policy for a slime launch script.
 
-A slime script (seed 000, appendix A) carries flags for Megatron, SGLang and GPUs besides the RL
+A slime launch script carries flags for Megatron, SGLang and GPUs besides the RL
 ones. Every RL flag rlvr honours is a config field (``rlvr.config``), parsed like any other. The
 flags below are the rest, each with one rule, and ``docs/slime_flags.md`` is this table in prose:
 
