@@ -2,7 +2,7 @@
 
 slime's deterministic mode runs Megatron with ``torch.use_deterministic_algorithms(True)`` and the
 environment of its launch script (``NCCL_ALGO=Ring``, ``NVTE_ALLOW_NONDETERMINISTIC_ALGO=0``,
-``CUBLAS_WORKSPACE_CONFIG=:4096:8``; seed 000's appendix A). rlvr applies the same in every
+``CUBLAS_WORKSPACE_CONFIG=:4096:8``; slime's launch scripts). rlvr applies the same in every
 process that trains or samples (the driver, Ray actors, ``rlvr serve``), before its first CUDA
 call: cuBLAS reads its workspace setting once, when it starts. On CPU only the first matters
 (an op without a deterministic kernel raises instead of running); the batch invariance of the
