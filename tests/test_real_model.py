@@ -67,7 +67,7 @@ def _sampled(policy, tok, temperature: float, max_new: int = 12) -> tuple[list[S
 
 
 def test_packed_log_probs_equal_one_sample_at_a_time(smol):
-    from rlvr.train.packing import response_log_probs
+    from rlvr.train.logprobs import response_log_probs
 
     policy, tok = smol
     samples, _ = _sampled(policy, tok, 1.0)
@@ -85,7 +85,7 @@ def test_packed_log_probs_equal_one_sample_at_a_time(smol):
 
 
 def test_engine_log_probs_equal_the_trainers(smol):
-    from rlvr.train.packing import response_log_probs
+    from rlvr.train.logprobs import response_log_probs
 
     policy, tok = smol
     samples, results = _sampled(policy, tok, 0.9)
