@@ -46,15 +46,13 @@ def _eval(argv: list[str]) -> None:
     from rlvr.config import build_config
     from rlvr.core.errors import ConfigError
     from rlvr.entrypoints.evaluate import run_eval
-    from rlvr.runtime.configure import check_data, check_rollout, check_train, make_parser, merged_values
+    from rlvr.runtime.configure import check_inputs, make_parser, merged_values
 
     values = merged_values(make_parser("rlvr eval").parse_args(argv))
     cfg = build_config(values)
     for group in (cfg.train, cfg.data, cfg.eval, cfg.rollout):  # no RL, so only these groups matter
         group.validate()
-    check_data(cfg.data, cfg.eval)
-    check_train(cfg.train)
-    check_rollout(cfg.rollout)
+    check_inputs(cfg)
     if not cfg.eval.eval_prompt_data:
         raise ConfigError("--eval-prompt-data", "is required: NAME PATH [NAME PATH ...] or one PATH")
     metrics = run_eval(cfg)

@@ -116,12 +116,18 @@ def check_estimator(cfg: Config) -> None:
                                                    "critic-free estimator (grpo, rloo, ...) under --ray")
 
 
-def check(cfg: Config, rl: bool = True) -> Config:
-    """The checks that need the implementations, after ``cfg.validate(rl)`` passed: each group's,
-    then (``rl=True``; SFT skips them) what the estimator asks of the rest."""
+def check_inputs(cfg: Config) -> None:
+    """What sampling a checkpoint needs (``rlvr eval`` checks only this): the data files, the
+    model, the rollout's filters and post-processes."""
     check_data(cfg.data, cfg.eval)
     check_train(cfg.train)
     check_rollout(cfg.rollout)
+
+
+def check(cfg: Config, rl: bool = True) -> Config:
+    """The checks that need the implementations, after ``cfg.validate(rl)`` passed: each group's,
+    then (``rl=True``; SFT skips them) what the estimator asks of the rest."""
+    check_inputs(cfg)
     check_algo(cfg.algo)
     check_reward_config(cfg.reward)
     check_agent(cfg.agent, cfg.eval.eval_function_path)
