@@ -1,8 +1,12 @@
 """Learning per wall-clock second: rlvr vs TRL's GRPOTrainer from the same bootstrap checkpoint.
 
-Both sides start from the same SFT checkpoint (default: the demo's, ``examples/arith/assets/sft``)
-on the same arithmetic training prompts and reward (rlvr's ``math`` reward; TRL calls it through
-``rlvr.rewards.score``), with the same GRPO settings taken from ``examples/arith/grpo.yaml``:
+Both sides start from the same checkpoint on the same training prompts and reward (rlvr's ``math``
+reward; TRL calls it through ``rlvr.rewards.score``), with the same GRPO settings, all read from one
+recipe (``--recipe``, parsed by rlvr's own config): by default the tiny-model demo's
+``examples/arith/grpo.yaml`` (its SFT bootstrap, the arithmetic prompts); with
+``--recipe examples/smollm2/grpo.yaml`` the real-model demo's (SmolLM2-135M-Instruct from
+``make smollm2``, chat prompts rendered with the model's template on both sides: rlvr
+``--apply-chat-template``, TRL conversational prompts). The shared settings:
 prompts per step, samples per prompt, max response length, sampling temperature (top-p 1, no
 top-k), learning rate (constant: neither side knows its step count in advance under a time
 budget), Adam betas, gradient clipping, PPO clip range (0.2 / 0.28), one optimizer step per
@@ -22,6 +26,7 @@ It prints a table, writes ``docs/learning_vs_trl.png`` and ends with one JSON li
 
     pip install -e ".[bench]"    # TRL, accelerate, datasets: benchmark-only
     python benchmarks/learning_vs_trl.py [--budget 240] [--mark-every 30]
+    python benchmarks/learning_vs_trl.py --recipe examples/smollm2/grpo.yaml --budget 600 --mark-every 120 --threads 2
 """
 
 from __future__ import annotations
@@ -35,21 +40,35 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+ARITH_RECIPE, SMOLLM2_RECIPE = "examples/arith/grpo.yaml", "examples/smollm2/grpo.yaml"
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
 
-def shared_settings() -> dict:
-    """The GRPO settings both sides use, read from the demo's recipe."""
-    g = yaml.safe_load((ROOT / "examples/arith/grpo.yaml").read_text())
-    return {"prompts": g["rollout-batch-size"], "samples": g["n-samples-per-prompt"],
-            "max_len": g["rollout-max-response-len"], "temperature": g["rollout-temperature"], "lr": g["lr"],
-            "kl_coef": g["kl-loss-coef"] if g.get("use-kl-loss") else 0.0, "eps": g["eps-clip"],
-            "eps_high": g["eps-clip-high"], "clip_grad": g.get("clip-grad", 1.0), "beta2": g.get("adam-beta2", 0.98)}
+def shared_settings(recipe: str) -> dict:
+    """The GRPO settings both sides use, read from the recipe with rlvr's own parser (its defaults
+    for what the recipe leaves out)."""
+    from rlvr.runtime.configure import parse_config
+
+    c = parse_config(["--config", str(ROOT / recipe)])
+    eps, eps_high = c.algo.clip_range()
+    (_, test), *_ = c.eval.datasets()
+    return {"prompts": c.rollout_batch_size, "samples": c.n_samples_per_prompt, "max_len": c.rollout_max_response_len,
+            "temperature": c.rollout_temperature, "lr": c.lr, "kl_coef": c.kl_loss_coef if c.use_kl_loss else 0.0,
+            "eps": eps, "eps_high": eps_high, "clip_grad": c.clip_grad, "beta2": c.adam_beta2,
+            "chat": c.apply_chat_template, "model": str(c.hf_checkpoint), "data": str(c.prompt_data), "test": str(test)}
+
+
+def prepare(recipe: str) -> None:
+    """Write a demo recipe's data (and the tiny demo's SFT bootstrap) when they are missing."""
+    if recipe == SMOLLM2_RECIPE:
+        from rlvr.entrypoints.demo_smollm2 import prepare_assets
+    else:
+        from rlvr.entrypoints.demo import prepare_assets
+    prepare_assets()
 
 
 class WallMarks:
@@ -93,12 +112,12 @@ class BudgetSpent(Exception):
     pass
 
 
-def run_rlvr(model: Path, data: Path, out: Path, budget: float, every: float, seed: int) -> None:
+def run_rlvr(s: dict, model: Path, data: Path, out: Path, budget: float, every: float, seed: int) -> None:
     """rlvr's real loop (``rlvr.runtime.loop.run``), stopped once the budget is spent."""
     from rlvr.runtime.configure import parse_config
     from rlvr.runtime.loop import Step, run
 
-    s, marks, steps = shared_settings(), WallMarks(budget, every), [0]
+    marks, steps = WallMarks(budget, every), [0]
     cfg = parse_config([
         "--hf-checkpoint", str(model), "--prompt-data", str(data), "--rm-type", "math",
         "--rollout-batch-size", str(s["prompts"]), "--n-samples-per-prompt", str(s["samples"]),
@@ -107,7 +126,8 @@ def run_rlvr(model: Path, data: Path, out: Path, budget: float, every: float, se
         "--clip-grad", str(s["clip_grad"]), "--eps-clip", str(s["eps"]), "--eps-clip-high", str(s["eps_high"]),
         *(["--use-kl-loss", "--kl-loss-coef", str(s["kl_coef"]), "--kl-loss-type", "low_var_kl"] if s["kl_coef"] else []),
         "--advantage-estimator", "grpo", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "4096",
-        "--num-rollout", "1000000", "--seed", str(seed), "--rollout-seed", str(seed), "--output-dir", str(out / "run")])
+        "--num-rollout", "1000000", "--seed", str(seed), "--rollout-seed", str(seed), "--output-dir", str(out / "run"),
+        *(["--apply-chat-template"] if s["chat"] else [])])
     rollout = Step.rollout
 
     def timed(self, rollout_id):
@@ -127,7 +147,7 @@ def run_rlvr(model: Path, data: Path, out: Path, budget: float, every: float, se
         pass
 
 
-def run_trl(model: Path, data: Path, out: Path, budget: float, every: float, seed: int) -> None:
+def run_trl(s: dict, model: Path, data: Path, out: Path, budget: float, every: float, seed: int) -> None:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -135,11 +155,13 @@ def run_trl(model: Path, data: Path, out: Path, budget: float, every: float, see
     from rlvr.core.jsonl import iter_objects
     from rlvr.rewards import score
 
-    s, marks = shared_settings(), WallMarks(budget, every)
-    rows = [{"prompt": r["prompt"], "label": str(r["label"])} for _, r in iter_objects(data)]
+    marks = WallMarks(budget, every)
+    rows = [{"prompt": [{"role": "user", "content": r["prompt"]}] if s["chat"] else r["prompt"], "label": str(r["label"])}
+            for _, r in iter_objects(data)]
 
-    def math_reward(prompts, completions, label, **kwargs):
-        return [score("math", c, y) for c, y in zip(completions, label)]
+    def math_reward(prompts, completions, label, **kwargs):  # conversational completions: [{"role", "content"}]
+        texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+        return [score("math", c, y) for c, y in zip(texts, label)]
 
     class Clock(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kwargs):
@@ -165,13 +187,14 @@ def run_trl(model: Path, data: Path, out: Path, budget: float, every: float, see
     marks.save(trainer.model, tokenizer, out, trainer.state.global_step)
 
 
-def evaluate(checkpoint: Path, test: Path, train: Path, max_len: int) -> float:
+def evaluate(checkpoint: Path, test: Path, train: Path, max_len: int, chat: bool) -> float:
     """The one shared evaluator: rlvr's ``run_eval``, greedy, on the held-out test split."""
     from rlvr.runtime.configure import parse_config
     from rlvr.entrypoints.evaluate import run_eval
 
     cfg = parse_config(["--hf-checkpoint", str(checkpoint), "--prompt-data", str(train), "--rm-type", "math",
-                        "--eval-prompt-data", "test", str(test), "--rollout-max-response-len", str(max_len)], rl=False)
+                        "--eval-prompt-data", "test", str(test), "--rollout-max-response-len", str(max_len),
+                        *(["--apply-chat-template"] if chat else [])], rl=False)
     return run_eval(cfg)["eval/test/score"]
 
 
@@ -185,7 +208,7 @@ def plot(curves: dict[str, list[tuple[float, float]]], out: Path, title: str) ->
     for name, pts in curves.items():
         ax.plot([t for t, _ in pts], [a for _, a in pts], marker="o", label=name)
     ax.set_xlabel("training wall time (s)")
-    ax.set_ylabel("held-out accuracy (greedy, 500 problems)")
+    ax.set_ylabel("held-out accuracy (greedy)")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend()
@@ -196,9 +219,9 @@ def plot(curves: dict[str, list[tuple[float, float]]], out: Path, title: str) ->
 
 
 def run_side(name: str, args, root: Path, env: dict) -> dict:
-    cmd = [sys.executable, __file__, "--side", name, "--model", str(args.model), "--data", str(args.data),
-           "--out", str(root / name), "--budget", str(args.budget), "--mark-every", str(args.mark_every),
-           "--seed", str(args.seed), "--threads", str(args.threads)]
+    cmd = [sys.executable, __file__, "--side", name, "--recipe", args.recipe, "--model", str(args.model),
+           "--data", str(args.data), "--out", str(root / name), "--budget", str(args.budget),
+           "--mark-every", str(args.mark_every), "--seed", str(args.seed), "--threads", str(args.threads)]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode or not (root / name / "marks.json").is_file():
@@ -211,26 +234,34 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--budget", type=float, default=240, help="training wall seconds per side")
     ap.add_argument("--mark-every", type=float, default=30, help="seconds between kept checkpoints")
-    ap.add_argument("--model", default="examples/arith/assets/sft", help="the bootstrap checkpoint both start from")
-    ap.add_argument("--data", default="examples/arith/assets/train.jsonl")
-    ap.add_argument("--test", default="examples/arith/assets/test.jsonl")
+    ap.add_argument("--recipe", default=ARITH_RECIPE, help=f"the GRPO recipe both sides follow ({ARITH_RECIPE} or "
+                    f"{SMOLLM2_RECIPE}); its checkpoint, training and held-out data unless given below")
+    ap.add_argument("--model", default=None, help="the checkpoint both start from (default: the recipe's)")
+    ap.add_argument("--data", default=None, help="training prompts (default: the recipe's)")
+    ap.add_argument("--test", default=None, help="held-out prompts (default: the recipe's first eval set)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--workdir", default=None)
-    ap.add_argument("--png", default=str(ROOT / "docs/learning_vs_trl.png"))
+    ap.add_argument("--png", default=None, help="the plot (default: docs/learning_vs_trl.png, "
+                    "docs/learning_vs_trl_smollm2.png for the SmolLM2 recipe)")
     ap.add_argument("--side", choices=["rlvr", "trl"], help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
     from common import set_threads
 
     set_threads(args.threads)
+    os.chdir(ROOT)  # the recipes' paths are relative to the repository
+    if not args.side:
+        prepare(args.recipe)
+    s = shared_settings(args.recipe)
+    args.png = args.png or str(ROOT / ("docs/learning_vs_trl_smollm2.png" if args.recipe == SMOLLM2_RECIPE
+                                       else "docs/learning_vs_trl.png"))
+    args.model, args.data, args.test = (Path(getattr(args, k) or s[k]).resolve() for k in ("model", "data", "test"))
+    if not (args.model / "config.json").is_file():
+        sys.exit(f"--model: {args.model} has no config.json (the SmolLM2 recipe needs `make smollm2` first)")
     if args.side:
         fn = run_rlvr if args.side == "rlvr" else run_trl
-        return fn(Path(args.model), Path(args.data), Path(args.out), args.budget, args.mark_every, args.seed)
-    if not (Path(args.model) / "config.json").is_file():
-        from rlvr.entrypoints.demo import prepare_assets
-
-        prepare_assets()  # the demo's bootstrap (examples/arith/sft.yaml)
+        return fn(s, args.model, args.data, Path(args.out), args.budget, args.mark_every, args.seed)
     root = Path(args.workdir or tempfile.mkdtemp(prefix="rlvr-learning-"))
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -239,9 +270,10 @@ def main() -> None:
 
 
 def report(args, root: Path, sides: dict) -> None:
-    max_len = shared_settings()["max_len"]
-    start = evaluate(Path(args.model), Path(args.test), Path(args.data), max_len)
-    curves = {name: [(0.0, start)] + [(m["t"], evaluate(root / name / m["dir"], Path(args.test), Path(args.data), max_len))
+    s = shared_settings(args.recipe)
+    max_len, chat = s["max_len"], s["chat"]
+    start = evaluate(args.model, args.test, args.data, max_len, chat)
+    curves = {name: [(0.0, start)] + [(m["t"], evaluate(root / name / m["dir"], args.test, args.data, max_len, chat))
                                       for m in side["marks"]] for name, side in sides.items()}
     print(f"\nheld-out accuracy (greedy, {sum(1 for _ in open(args.test))} test problems) at each wall-time mark; "
           f"start {start:.3f}")
@@ -255,9 +287,9 @@ def report(args, root: Path, sides: dict) -> None:
     reach = next((t for t, a in curves["rlvr"] if a >= trl_acc), None)
     png = plot({f"rlvr ({sides['rlvr']['steps']} steps)": curves["rlvr"],
                 f"TRL GRPOTrainer ({sides['trl']['steps']} steps)": curves["trl"]}, Path(args.png),
-               f"GRPO from the same bootstrap, {args.budget:.0f} s per side, {args.threads} thread(s)")
+               f"GRPO from {args.model.name}, {args.budget:.0f} s per side, {args.threads} thread(s)")
     print(f"plot: {png}")
-    print(json.dumps({"bench": "learning_vs_trl", "budget_s": args.budget, "start_acc": start,
+    print(json.dumps({"bench": "learning_vs_trl", "recipe": args.recipe, "budget_s": args.budget, "start_acc": start,
                       "rlvr_acc": rlvr_acc, "trl_acc": trl_acc,
                       "rlvr_time_to_trl_final_s": None if reach is None else round(reach, 1),
                       "rlvr_steps": sides["rlvr"]["steps"], "trl_steps": sides["trl"]["steps"]}))

@@ -205,16 +205,25 @@ def test_abort_one_request_by_rid(setup):
 
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_seed_reproduces_a_request_whatever_runs_beside_it(setup, deterministic):
-    """A seeded request draws the same uniforms alone or in a crowd. Without deterministic mode its
-    logits share a forward with the crowd's, whose size changes how the matmuls are blocked, so
-    log-probs agree to ~1e-6 (a token could flip only if its uniform fell that close to a CDF
-    boundary); with it the request's group decodes alone and everything is equal bit for bit."""
+    """A seeded request draws the same uniforms alone or beside other work. Without deterministic
+    mode its logits share a forward with whatever runs, whose size changes how the matmuls are
+    blocked, so log-probs agree to ~1e-6 (a token could flip only if its uniform fell that close to
+    a CDF boundary); with it the request's call is a pack of its own, decoded in forwards of its own
+    rows, so a call running beside it changes nothing, bit for bit."""
     tok, model = setup
     eng = EmbeddedEngine(model, pad_token_id=tok.pad_token_id, seed=0, deterministic=deterministic)
     p, q = _arith_prompts(tok, 2)
     seeded = GenerateRequest(p, SamplingParams(max_new_tokens=12, seed=42))
     alone = eng.generate_sync([seeded])[0]
-    crowded = eng.generate_sync([GenerateRequest(q, SamplingParams(max_new_tokens=20))] * 5 + [seeded])[-1]
+
+    async def beside():  # a crowd submitted first, the seeded call while the crowd decodes
+        crowd = asyncio.ensure_future(eng.generate([GenerateRequest(q, SamplingParams(max_new_tokens=20))] * 5))
+        await asyncio.sleep(0)
+        (r,) = await eng.generate([seeded])
+        await crowd
+        return r
+
+    crowded = asyncio.run(beside())
     other_seed = eng.generate_sync([GenerateRequest(p, SamplingParams(max_new_tokens=12, seed=43))])[0]
     assert alone.token_ids == crowded.token_ids
     assert other_seed.token_ids != alone.token_ids
@@ -222,6 +231,31 @@ def test_seed_reproduces_a_request_whatever_runs_beside_it(setup, deterministic)
         assert alone.log_probs == crowded.log_probs
     else:
         torch.testing.assert_close(torch.tensor(alone.log_probs), torch.tensor(crowded.log_probs), atol=1e-5, rtol=0)
+
+
+def test_deterministic_mode_packs_a_call_by_order(setup):
+    """Deterministic mode cuts one call into packs in call order (whole groups, at most
+    max_batch_size rows each): the same call gives the same results bit for bit whatever runs
+    beside it, and a pack waits until all of its rows fit."""
+    tok, model = setup
+    eng = EmbeddedEngine(model, pad_token_id=tok.pad_token_id, seed=0, max_batch_size=6, deterministic=True)
+    prompts = _arith_prompts(tok, 4)
+    call = [GenerateRequest(p, SamplingParams(max_new_tokens=10, seed=10 * i + j)) for i, p in enumerate(prompts)
+            for j in range(3)]
+    first = eng.generate_sync(call)
+    halves = eng.generate_sync(call[:6]) + eng.generate_sync(call[6:])  # the call's two packs, each alone
+    assert [r.log_probs for r in halves] == [r.log_probs for r in first]
+
+    async def beside():
+        noise = asyncio.ensure_future(eng.generate([GenerateRequest(prompts[0], SamplingParams(max_new_tokens=30))] * 4))
+        await asyncio.sleep(0)
+        again = await eng.generate(call)
+        await noise
+        return again
+
+    again = asyncio.run(beside())
+    assert [r.token_ids for r in again] == [r.token_ids for r in first]
+    assert [r.log_probs for r in again] == [r.log_probs for r in first]
 
 
 def test_stop_string_finishes_with_stop(setup):

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM
 
 import rlvr.runtime.build
@@ -247,3 +248,62 @@ def test_chaos_run_ledger_is_json(tmp_path):
     write_ledger(tmp_path / "ledger.jsonl", 3, [s], trained=True)
     row = json.loads((tmp_path / "ledger.jsonl").read_text())
     assert row["staleness"] == 2 and row["version_min"] == 1 and row["version_max"] == 2
+
+
+# What the supervisor reports about its engines (the kills themselves), not what the run computed.
+ENGINE_STATE = ("rollout/engine_restarts", "rollout/engine_reissued_requests", "rollout/engines_up")
+
+
+@pytest.fixture
+def deterministic_process():
+    """``--deterministic-mode`` in this process (``use_deterministic_mode``) undone after the test."""
+    before = torch.are_deterministic_algorithms_enabled(), dict(os.environ)
+    yield
+    torch.use_deterministic_algorithms(before[0])
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = False, False
+    os.environ.clear()
+    os.environ.update(before[1])
+
+
+def test_deterministic_run_is_exact_through_engine_kills(tiny_qwen2, arith_files, tmp_path, monkeypatch,
+                                                         deterministic_process):
+    """With --deterministic-mode, a run whose two ``rlvr serve`` engines are SIGKILLed mid-rollout
+    logs every value the undisturbed run logs: a cut-off call is re-issued whole with its seeds to
+    an engine holding the same weights (a restarted one is loaded with the current ones), and each
+    call is decoded in forwards of its own, so neither the kill nor the other engine's load shows."""
+    train, _ = arith_files
+
+    def go(name: str, kill: bool) -> dict:
+        out = tmp_path / name
+        cfg = parse_config(["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(train), "--rm-type", "math",
+                            "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--rollout-max-response-len",
+                            "48", "--num-rollout", "6", "--lr", "1e-3", "--output-dir", str(out),
+                            "--use-fault-tolerance", "--rollout-num-engines", "2", "--deterministic-mode",
+                            "--rollout-health-check-interval", "0.3", "--rollout-health-check-timeout", "2"])
+        kills: list = []
+        stop = threading.Event()
+        with monkeypatch.context() as m:
+            pids, in_flight = local_engine_probe(m)
+            chaos = threading.Thread(target=killer, args=(pids, in_flight, out, random.Random(3), kills, stop),
+                                     daemon=True)
+            if kill:
+                chaos.start()
+            run_dir = run(cfg, console=False)
+            stop.set()
+            if kill:
+                chaos.join(5)
+        assert len(kills) == (2 if kill else 0), "the run ended before both kills"
+        records = {}
+        for r in read_metrics(run_dir):
+            key = next((k, r[k]) for k in ("rollout/step", "train/step") if k in r)
+            records[key] = {k: v for k, v in r.items() if k != "time" and not k.startswith("perf/") and k not in ENGINE_STATE}
+        if kill:
+            last = [r for r in read_metrics(run_dir) if "rollout/step" in r][-1]
+            assert last["rollout/engine_restarts"] == 2.0 and last["rollout/engine_reissued_requests"] >= 1
+        return records
+
+    calm, killed = go("calm", False), go("killed", True)
+    assert calm.keys() == killed.keys() and len(calm) == 12
+    for key, values in calm.items():
+        assert killed[key] == values, key  # bit for bit
+    assert calm[("train/step", 6)]["train/entropy_loss"] != calm[("train/step", 1)]["train/entropy_loss"]  # not constant

@@ -17,12 +17,16 @@ for every row per step. Callers only touch queues under a condition variable.
 Deterministic mode (``deterministic=True``, ``--deterministic-mode``): which rows share a forward
 changes how the matmuls are blocked, and so the last bits of every row's logits (measured on the
 tiny Qwen2: up to ~1e-6 in a log-prob), and continuous batching forms its batch from whatever has
-arrived. In this mode every *group* (one call's requests with the same prompt, at most
-``max_batch_size`` rows and what the KV budget holds alone) is a lane of its own: prefilled alone,
-decoded in a forward of its own rows only, never joined by others. A request's tokens and
-log-probs are then a function of its group, the weights and the seeds, whatever else runs and
-whenever it arrived (bit for bit on one machine and thread count). The cost is one forward per
-group per step instead of one per step (``benchmarks/rollout_throughput.py --deterministic-mode``).
+arrived. In this mode the decode schedule is fixed by each call alone: a call's requests, grouped by
+prompt in call order, are cut into *packs* that each fit an empty engine (``max_batch_size`` rows
+and the KV budget; a group is split only when it cannot fit an empty pack), and every pack is a
+lane of its own: prefilled together, decoded in a forward of its own rows only, never joined by
+rows of another call or pack, started whole or not at all. A request's tokens and log-probs are
+then a function of its call, the weights and the seeds, whatever other calls run and whenever
+they arrived (bit for bit on one machine and thread count). The rollout makes that schedule
+reproducible by sending each round of groups (and each evaluation) as one call in index order.
+The cost is one forward per pack per step instead of one per step, and a pack waits for room for
+all its rows (``benchmarks/rollout_throughput.py --deterministic-mode``).
 
 Abort: ``abort()`` finishes every request submitted before the call, ``abort(rid)`` one
 request; they come back with their tokens so far and reason ``abort`` after at most the decode
@@ -105,12 +109,13 @@ class _Group:
 
     prompt: list[int]
     rows: list[_Row]
+    pack: int = -1  # deterministic mode: the groups of one pack start together, as one lane
 
 
 @dataclass
 class _Lane:
     """Rows decoded together, one forward per step, in batch order: the whole running batch, or
-    in deterministic mode one group's rows."""
+    in deterministic mode one pack's rows."""
 
     rows: list[_Row] = field(default_factory=list)
     batch: kv.KVBatch | None = None
@@ -158,7 +163,7 @@ class EmbeddedEngine:
         # router chose for every position it ran (prompt and sampled tokens): rlvr.models.moe.
         self.routing = RoutingRecorder(self.model) if return_routed_experts else None
         self.device, self.pad_token_id, self.max_batch_size = device, pad_token_id, max_batch_size
-        self.deterministic = deterministic  # one lane per group (module docstring)
+        self.deterministic = deterministic  # one lane per pack (module docstring)
         self.tokenizer = tokenizer  # needed only for stop strings
         self.generator = torch.Generator().manual_seed(seed)  # CPU: draws each request's seed
         if mem_fraction is not None:  # --sglang-mem-fraction-static: weights + KV within this share
@@ -171,8 +176,9 @@ class EmbeddedEngine:
         self._cv = threading.Condition()
         self._step_lock = threading.Lock()  # held for one model step; weight updates wait for it
         self._pending: deque[_Group] = deque()
-        self._lanes: list[_Lane] = []  # the running rows: one lane, or one per group in deterministic mode
+        self._lanes: list[_Lane] = []  # the running rows: one lane, or one per pack in deterministic mode
         self._seq = itertools.count()
+        self._pack_ids = itertools.count()
         self._abort_before = 0  # rows with seq below this are aborted
         self._abort_rids: set[str] = set()
         self._asleep: dict[str, torch.Size] | None = None
@@ -368,26 +374,33 @@ class EmbeddedEngine:
                 row = _Row(r, call, i, next(self._seq), torch.Generator(device=self.device).manual_seed(seed),
                            on_token=on_token)
                 groups.setdefault(tuple(r.prompt_ids), []).append(row)
-            for prompt, rows in groups.items():
-                self._pending.extend(_Group(list(prompt), chunk) for chunk in self._chunks(rows))
+            if self.deterministic:
+                self._pending.extend(self._packs(groups))
+            else:
+                self._pending.extend(_Group(list(prompt), rows) for prompt, rows in groups.items())
             self._ensure_worker()
             self._cv.notify_all()
         return call
 
-    def _chunks(self, rows: list[_Row]) -> list[list[_Row]]:
-        """A group's rows as they wait: whole, or in deterministic mode cut into lanes that each fit
-        an empty engine (``max_batch_size`` rows, the KV budget), so a lane's rows depend on the
-        group alone, never on what else is running when it starts."""
-        if not self.deterministic:
-            return [rows]
-        out = []
-        while rows:
-            take = min(len(rows), self.max_batch_size)
-            if self.kv_budget_bytes is not None:  # a row that cannot fit even alone is refused at admission
-                widths = [len(r.req.prompt_ids) + r.req.params.max_new_tokens for r in rows[:take]]
-                take = max(1, kv.rows_within_budget([], widths, self.kv_token_bytes, self.kv_budget_bytes))
-            out.append(rows[:take])
-            rows = rows[take:]
+    def _packs(self, groups: dict[tuple[int, ...], list[_Row]]) -> list[_Group]:
+        """Deterministic mode: one call's groups, in call order, cut into packs that each fit an
+        empty engine (``max_batch_size`` rows, the KV budget), so a lane's rows depend on the call
+        alone, never on what else is running when it starts. A group that does not fit whole beside
+        the pack's others opens the next pack; one too big for an empty pack is split."""
+        out: list[_Group] = []
+        pack, widths = next(self._pack_ids), []
+        for prompt, rows in groups.items():
+            while rows:
+                need = [len(prompt) + r.req.params.max_new_tokens for r in rows]
+                take = min(len(rows), self.max_batch_size - len(widths))
+                if self.kv_budget_bytes is not None:
+                    take = min(take, kv.rows_within_budget(widths, need, self.kv_token_bytes, self.kv_budget_bytes))
+                if take < len(rows) and widths:  # not whole beside the pack's others: the next pack
+                    pack, widths = next(self._pack_ids), []
+                    continue
+                take = max(take, 1)  # a row that cannot fit even alone is refused at admission
+                out.append(_Group(list(prompt), rows[:take], pack))
+                widths, rows = widths + need[:take], rows[take:]
         return out
 
     def _ensure_worker(self) -> None:
@@ -453,13 +466,15 @@ class EmbeddedEngine:
 
         Joining copies the running batch's cache, so rows join in waves: when the batch is empty,
         when an eighth of the slots are free, or when everything waiting fits. A group that does
-        not fit is split, except in deterministic mode, where a group starts whole (it was cut to
-        fit an empty engine when it was submitted) and in submission order."""
+        not fit is split, except in deterministic mode, where packs start whole and in submission
+        order (``_admit_packs``)."""
         live = self._live()
         free = self.max_batch_size - live
         waiting = sum(len(g.rows) for g in self._pending)
         if not waiting or free <= 0 or (live and free < self.max_batch_size // 8 and waiting > free):
             return []
+        if self.deterministic:
+            return self._admit_packs(free)
         admitted: list[_Group] = []
         while self._pending and free > 0:
             g = self._pending[0]
@@ -467,7 +482,7 @@ class EmbeddedEngine:
             if take == 0 and not self._lanes and not admitted:  # alone in an empty engine and still too big
                 self._refuse_over_budget(g)
                 continue
-            if take == 0 or (self.deterministic and take < len(g.rows)):
+            if take == 0:
                 break
             if take == len(g.rows):
                 admitted.append(self._pending.popleft())
@@ -475,6 +490,23 @@ class EmbeddedEngine:
                 admitted.append(_Group(g.prompt, g.rows[:take]))
                 g.rows = g.rows[take:]
             free -= take
+        return admitted
+
+    def _admit_packs(self, free: int) -> list[_Group]:
+        """Deterministic mode's admission: whole packs, in submission order, while they fit."""
+        admitted: list[_Group] = []
+        while self._pending:
+            pack = list(itertools.takewhile(lambda g, head=self._pending[0].pack: g.pack == head, self._pending))
+            rows = sum(len(g.rows) for g in pack)
+            fits = all(self._fits(admitted + pack[:i], g) == len(g.rows) for i, g in enumerate(pack))
+            if not fits and not self._lanes and not admitted and rows == 1:  # one row too big for an empty engine
+                self._refuse_over_budget(pack[0])
+                continue
+            if rows > free or not fits:
+                break
+            for _ in pack:
+                admitted.append(self._pending.popleft())
+            free -= rows
         return admitted
 
     def _fits(self, admitted: list[_Group], g: _Group) -> int:
@@ -530,11 +562,14 @@ class EmbeddedEngine:
     @torch.no_grad()
     def _step(self, admitted: list[_Group]) -> None:
         """One decode step for the running rows (a forward per lane), then prefill + first token for
-        the admitted groups: joining the running lane, or in deterministic mode each a new lane."""
+        the admitted groups: joining the running lane, or in deterministic mode each pack a new lane."""
         for lane in self._lanes:
             if lane.rows:
                 self._decode(lane)
-        joining = [[g] for g in admitted] if self.deterministic else [admitted] if admitted else []
+        if self.deterministic:
+            joining = [list(pack) for _, pack in itertools.groupby(admitted, key=lambda g: g.pack)]
+        else:
+            joining = [admitted] if admitted else []
         new = []
         for groups in joining:
             rows, batch = self._prefill(groups)

@@ -18,8 +18,9 @@ and eval samples' ``(--seed, set name, prompt position, sample index)``, so the 
 do not depend on the order the groups reach the engine (and every evaluation draws the same
 numbers: differences between two evaluations are the policy's, not the draw's). With
 ``deterministic`` (``--deterministic-mode``) dynamic sampling also decides by index: each round's
-groups all finish, are filed in submission order, and none is aborted, so which groups are kept
-does not depend on which finished first.
+groups go to the engine as one call in index order, all finish, are filed in that order, and none
+is aborted, so which groups are kept does not depend on which finished first; an evaluation is
+one call likewise.
 """
 
 from __future__ import annotations
@@ -286,7 +287,7 @@ class Rollout:
             groups = self.data_source.take_partial(per_round)
             resumed += sum(s.status == Status.ABORTED for g in groups for s in g)
             groups += self.next_groups(per_round - len(groups))
-            await asyncio.gather(*(self.run_group(group, params, True) for group in groups))
+            await self._run_groups(groups, params, True)
             for group in groups:
                 if any(s.status == Status.ABORTED for s in group):  # aborted by someone else
                     aborted += sum(s.status == Status.ABORTED for s in group)
@@ -306,29 +307,41 @@ class Rollout:
                 "rollout/partial_rollout/buffered_groups": float(len(self.data_source.buffer))}
 
     async def _run_groups(self, groups: list[list[Sample]], params: SamplingParams, shape: bool) -> None:
-        await asyncio.gather(*(self.run_group(group, params, shape) for group in groups))
+        """Generate and grade ``groups``: each its own call, graded as soon as it is back, or with
+        ``deterministic`` all in one call in index order, so that the engine's decode schedule
+        (rlvr.engine.embedded, deterministic mode) is a function of the groups alone."""
+        if self.deterministic and not (self.agent is not None and self.agent.generate_fn is not None):
+            await self._generate_groups(groups, params)
+            await asyncio.gather(*(self._grade_group(group, shape) for group in groups))
+        else:
+            await asyncio.gather(*(self.run_group(group, params, shape) for group in groups))
 
     async def run_group(self, group: list[Sample], params: SamplingParams, shape: bool) -> None:
         """Generate one group, then grade it at once: grading overlaps the other groups' decoding.
 
         A group from the partial-rollout buffer continues its aborted samples (prompt + response
-        so far, the remaining length budget); its finished samples are kept as they are. A
-        group with an aborted sample is not graded (it is unfinished)."""
+        so far, the remaining length budget); its finished samples are kept as they are."""
         if self.agent is not None and self.agent.generate_fn is not None:  # a multi-turn generate function
             await self.agent.generate_group(group, params)
         else:
-            await self._generate_group(group, params)
+            await self._generate_groups([group], params)
+        await self._grade_group(group, shape)
+
+    async def _grade_group(self, group: list[Sample], shape: bool) -> None:
+        """Grade a generated group and shape its rewards; a group with an aborted sample is not
+        graded (it is unfinished)."""
         if any(s.status == Status.ABORTED for s in group):
             return
         await self.grader.grade_group([s for s in group if s.reward is None])  # an environment may have set it
         for s in group:
             self._shape(s, shape)
 
-    async def _generate_group(self, group: list[Sample], params: SamplingParams) -> None:
-        for s in group:  # aborted exactly at the length limit: nothing left to generate
+    async def _generate_groups(self, groups: list[list[Sample]], params: SamplingParams) -> None:
+        """One engine call for every unfinished sample of ``groups``, in order."""
+        for s in (s for group in groups for s in group):  # aborted exactly at the length limit: nothing left
             if s.status == Status.ABORTED and s.response_length >= params.max_new_tokens:
                 s.status = Status.TRUNCATED
-        todo = [s for s in group if not s.response_ids or s.status == Status.ABORTED]
+        todo = [s for group in groups for s in group if not s.response_ids or s.status == Status.ABORTED]
         requests = [
             GenerateRequest(s.prompt_ids + s.response_ids,
                             dataclasses.replace(params, max_new_tokens=params.max_new_tokens - s.response_length,
@@ -336,7 +349,7 @@ class Rollout:
                             rid=s.uid or str(s.index))
             for s in todo
         ]
-        results = await self.engine.generate(requests)
+        results = await self.engine.generate(requests) if requests else []
         for s, r in zip(todo, results, strict=True):
             self._fill(s, r)
 
