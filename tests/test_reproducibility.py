@@ -75,23 +75,25 @@ def test_default_engine_keeps_tokens_and_log_probs_within_rounding(setup, busy_c
         torch.testing.assert_close(torch.tensor(crowded[rid][1]), torch.tensor(log_probs), atol=1e-5, rtol=0)
 
 
-def test_deterministic_mode_refuses_async(tiny_qwen2, arith_files):
+def test_deterministic_async_is_the_pipelined_schedule_and_needs_its_conditions(tiny_qwen2, arith_files):
     from rlvr.runtime.configure import parse_config
 
     base = ["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(arith_files[0]), "--deterministic-mode"]
-    assert parse_config(base).run.deterministic_mode
-    with pytest.raises(ConfigError, match="--deterministic-mode: is not kept by --async"):
-        parse_config(base + ["--async"])
+    assert parse_config(base + ["--async"]).run.deterministic_mode
+    with pytest.raises(ConfigError, match="--update-weights-interval: must be 1 with --async --deterministic-mode"):
+        parse_config(base + ["--async", "--update-weights-interval", "2", "--max-staleness", "1"])
+    with pytest.raises(ConfigError, match="--deterministic-mode: is not kept by --async under --ray"):
+        parse_config(base + ["--async", "--ray"])
 
 
-def _train(ckpt, train, test, out: Path, seed: int) -> dict[tuple[str, int], dict]:
+def _train(ckpt, train, test, out: Path, seed: int, *extra: str) -> dict[tuple[str, int], dict]:
     argv = ["train", "--hf-checkpoint", str(ckpt), "--prompt-data", str(train), "--rollout-batch-size", "3",
             "--over-sampling-batch-size", "5", "--dynamic-sampling-filter-path", "nonzero_std",
             "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6", "--rollout-temperature", "1.5",
             "--num-rollout", "3", "--lr", "1e-3", "--use-kl-loss", "--kl-loss-coef", "0.01",
             "--global-batch-size", "6", "--eval-prompt-data", "arith", str(test), "--n-samples-per-eval-prompt", "2",
             "--eval-temperature", "1.0", "--deterministic-mode", "--seed", str(seed), "--output-dir", str(out),
-            "--save", str(out / "ckpt")]
+            "--save", str(out / "ckpt"), *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "rlvr", *argv], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -120,3 +122,21 @@ def test_same_seed_same_numbers_other_seed_other_numbers(tiny_qwen2, arith_files
     assert _weights_sha256(tmp_path / "other") != _weights_sha256(tmp_path / "a")
     # The dynamic filter ran over several groups, so selection by index was exercised.
     assert a[("rollout/step", 0)]["rollout/dynamic_filter/rounds"] >= 1
+
+
+@pytest.mark.slow
+def test_async_deterministic_runs_are_identical_and_one_rollout_ahead(tiny_qwen2, arith_files, tmp_path, busy_cpu):
+    """``--async --max-staleness 1 --deterministic-mode``: rollout r is sampled with version r - 1
+    while rollout r - 1 trains (rlvr.rollout.pipeline), and two runs of a seed are equal bit for bit."""
+    test = tmp_path / "test.jsonl"
+    test.write_text("".join(arith_files[1].read_text().splitlines(keepends=True)[:6]))
+    flags = ("--async", "--max-staleness", "1")
+    a, b = (_train(tiny_qwen2, arith_files[0], test, tmp_path / name, 1234, *flags) for name in ("a", "b"))
+    assert a == b
+    assert _weights_sha256(tmp_path / "a") == _weights_sha256(tmp_path / "b")
+    sync = _train(tiny_qwen2, arith_files[0], test, tmp_path / "sync", 1234)
+    assert sync != a  # the schedule differs: rollouts 1 and 2 were sampled one version behind
+    for r in range(3):
+        assert a[("rollout/step", r)]["rollout/engine_version"] == max(0, r - 1)
+        assert a[("rollout/step", r)]["rollout/staleness_max"] == min(r, 1)
+        assert sync[("rollout/step", r)]["rollout/staleness_max"] == 0

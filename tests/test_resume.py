@@ -52,7 +52,8 @@ def small_eval(arith_files, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra", [(), ("--lora-rank", "4", "--lr", "1e-2")], ids=["full", "lora"])
+@pytest.mark.parametrize("extra", [(), ("--lora-rank", "4", "--lr", "1e-2"), ("--async", "--max-staleness", "1")],
+                         ids=["full", "lora", "async"])
 def test_sigkill_mid_rollout_then_resume_matches_uninterrupted_run(tiny_qwen2, arith_files, small_eval, tmp_path,
                                                                   extra, busy_cpu):
     """Every value the resumed process logs equals the uninterrupted run's exactly. A busy process

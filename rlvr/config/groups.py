@@ -277,9 +277,10 @@ class RunConfig:
     debug_train_only: bool = _f(False, "only train, on --load-debug-rollout-data (implied by it)")
     # -- reproducibility (docs/slime_flags.md "What is reproducible")
     deterministic_mode: bool = _f(
-        False, "bit-for-bit repeatable runs on one machine and thread count: the engine decodes each prompt group in "
-               "a forward of its own (batch-invariant), dynamic sampling waits for every group and keeps them in "
-               "submission order, torch's deterministic algorithms (and slime's CUDA settings on GPU)")
+        False, "bit-for-bit repeatable runs on one machine and thread count: each round of groups is one engine "
+               "call decoded in forwards of its own (a fixed schedule), dynamic sampling waits for every group and "
+               "keeps them in submission order, --async samples rollout r with exactly version r - --max-staleness, "
+               "torch's deterministic algorithms (and slime's CUDA settings on GPU)")
     # -- sinks
     tb_project_name: str | None = _f(None, "TensorBoard: events go to OUTPUT_DIR/tensorboard/PROJECT/EXPERIMENT")
     tb_experiment_name: str | None = _f(None, "TensorBoard experiment (run) name; default the run directory's name")

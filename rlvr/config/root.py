@@ -117,9 +117,13 @@ class Config:
             raise ConfigError("--async", "overlaps sampling and training; the debug split (--debug-rollout-only, "
                               "--debug-train-only, --load-debug-rollout-data) runs one of them alone: drop one")
         if self.asynchronous.async_train and self.run.deterministic_mode:
-            raise ConfigError("--deterministic-mode", "is not kept by --async: the producer's weight pushes land "
-                              "mid-generation at times thread timing decides, so tokens' weight versions vary from "
-                              "run to run; drop --async for a bit-for-bit repeatable run (docs/slime_flags.md)")
+            if self.cluster.ray:
+                raise ConfigError("--deterministic-mode", "is not kept by --async under --ray (its producer runs on the "
+                                  "rollout manager and applies weight pushes as they land); drop --async or --ray for "
+                                  "a bit-for-bit repeatable run (docs/slime_flags.md)")
+            if self.asynchronous.update_weights_interval != 1:
+                raise ConfigError("--update-weights-interval", "must be 1 with --async --deterministic-mode: the "
+                                  "pipelined producer samples rollout r with exactly version r - --max-staleness")
         uses_ref = self.algo.use_kl_loss or self.algo.kl_coef != 0
         for name in ("ref_load", "ref_update_interval"):
             if getattr(self.train, name) is not None and not uses_ref:

@@ -172,21 +172,23 @@ class RolloutBatch:
     def rewards(self) -> torch.Tensor:
         return torch.tensor([s.scalar_reward() for s in self.samples], dtype=torch.float32)
 
+    def to_dict(self) -> dict:
+        """The batch as plain Python data (``from_dict`` reads it back)."""
+        return {"rollout_id": self.rollout_id, "n_samples_per_prompt": self.n_samples_per_prompt,
+                "metrics": dict(self.metrics), "samples": [sample_to_dict(s) for s in self.samples]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RolloutBatch:
+        samples = [sample_from_dict(s) for s in data["samples"]]
+        return cls(data["rollout_id"], samples, data["n_samples_per_prompt"], dict(data["metrics"]))
+
     def save(self, path: str | Path) -> Path:
         """Write the batch to ``path`` (torch.save of plain Python data)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        data = {
-            "rollout_id": self.rollout_id,
-            "n_samples_per_prompt": self.n_samples_per_prompt,
-            "metrics": self.metrics,
-            "samples": [sample_to_dict(s) for s in self.samples],
-        }
-        torch.save(data, path)
+        torch.save(self.to_dict(), path)
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> RolloutBatch:
-        data = torch.load(path, weights_only=True)
-        samples = [sample_from_dict(s) for s in data["samples"]]
-        return cls(data["rollout_id"], samples, data["n_samples_per_prompt"], data["metrics"])
+        return cls.from_dict(torch.load(path, weights_only=True))

@@ -106,6 +106,11 @@ class BatchSource(Protocol):
         """The data source's state as of the batches handed out (for a checkpoint)."""
         ...
 
+    def checkpoint_state(self) -> dict:
+        """What a checkpoint keeps of the source, taken at one moment: ``{"data_source": ...}``
+        (the pipelined producer adds its made batches: ``rlvr.rollout.pipeline``)."""
+        return {"data_source": self.data_state()}
+
     def pending_groups(self) -> list[list[Sample]]:
         """Groups made but not trained when the run stops (kept in the checkpoint's data state)."""
         ...

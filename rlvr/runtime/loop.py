@@ -35,6 +35,7 @@ from rlvr.config import Config
 from rlvr.core.errors import DataError
 from rlvr.observe import ConsoleProgress, MetricsLogger, plot_runs
 from rlvr.observe.run_files import open_logger, prepare_run_dir, skipped_rollout_path, write_ledger, write_samples
+from rlvr.rollout.pipeline import PipelinedProducer
 from rlvr.rollout.producer import BatchSource, SyncBatches, make_producer
 from rlvr.rollout.rollout import Rollout
 from rlvr.core.testing import crash_point
@@ -55,7 +56,7 @@ def run(cfg: Config, console: bool = True) -> Path:
         if ckpt is not None:
             restore(c, ckpt, resume)
         with (
-            batch_source(cfg, c, start) as source,
+            batch_source(cfg, c, start, resume) as source,
             open_logger(cfg, run_dir, resume) as logger,
             ConsoleProgress(cfg.run.num_rollout, start=start, enabled=console) as progress,
         ):
@@ -173,7 +174,7 @@ def restore(c: Components, ckpt: Path, state: dict) -> None:
 
 def save(cfg: Config, c: Components, done: int, logger: MetricsLogger, source) -> None:
     """Checkpoint after ``done`` rollouts (and the plain HF copy ``--save-hf`` asks for)."""
-    state = {"train_step": c.trainer.step, "data_source": source.data_state(),
+    state = {"train_step": c.trainer.step, **source.checkpoint_state(),  # data source (+ made batches)
              "rng": capture_rng(c.rollout.engine),
              "wandb_run_id": next((s.run_id for s in logger.sinks if hasattr(s, "run_id")), None)}
     t0 = time.perf_counter()
@@ -200,12 +201,21 @@ def next_batch(cfg: Config, rollout: Rollout, rollout_id: int) -> RolloutBatch:
     return batch
 
 
-def batch_source(cfg: Config, c: Components, start: int):
+def batch_source(cfg: Config, c: Components, start: int, resume: dict | None = None):
     """Where batches come from: generated on request (``SyncBatches``), or by the ``--async``
-    producer -- a thread beside the trainer, or under ``--ray`` one on the rollout manager actor."""
+    producer -- a thread beside the trainer (with ``--deterministic-mode`` the pipelined one, whose
+    schedule the rollout ids fix, resumed with the batches its checkpoint holds), or under
+    ``--ray`` one on the rollout manager actor."""
     a, r = cfg.asynchronous, cfg.rollout
+
+    def make(rollout_id: int) -> RolloutBatch:
+        return next_batch(cfg, c.rollout, rollout_id)
+
     if not a.async_train:
-        return SyncBatches(c.rollout, lambda rollout_id: next_batch(cfg, c.rollout, rollout_id))
+        return SyncBatches(c.rollout, make)
+    if cfg.run.deterministic_mode:
+        return PipelinedProducer(c.rollout, make, a.max_staleness, start, cfg.run.num_rollout,
+                                 (resume or {}).get("pipeline"))
     args = (r.rollout_concurrency or r.rollout_batch_size, a.max_staleness, a.weight_update_inflight, start)
     if cfg.cluster.ray:  # the producer runs on the rollout manager actor, beside the engines
         return c.rollout.async_source(*args)

@@ -113,8 +113,8 @@ _add("ignored", "sglang_attention_backend sglang_chunked_prefill_size sglang_cud
      "sglang_router_ip sglang_router_port",
      "SGLang server tuning; the embedded engine decodes with transformers and has no such setting", topic=_SGLANG)
 _add("ignored", "sglang_enable_deterministic_inference",
-     "SGLang's batch-invariant inference; the embedded engine's is part of --deterministic-mode (one forward per "
-     "prompt group), and every request samples from a seed of its own either way", takes_value=False, topic=_SGLANG)
+     "SGLang's batch-invariant inference; the embedded engine's is part of --deterministic-mode (forwards of one call's "
+     "rows only), and every request samples from a seed of its own either way", takes_value=False, topic=_SGLANG)
 _add("ignored", "sglang_disable_radix_cache sglang_enable_metrics",
      "SGLang server tuning; the embedded engine has no such switch and caches no prefixes", takes_value=False,
      topic=_SGLANG)
