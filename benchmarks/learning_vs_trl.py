@@ -9,24 +9,26 @@ recipe (``--recipe``, parsed by rlvr's own config): by default the tiny-model de
 ``--apply-chat-template``, TRL conversational prompts). The shared settings:
 prompts per step, samples per prompt, max response length, sampling temperature (top-p 1, no
 top-k), learning rate (constant: neither side knows its step count in advance under a time
-budget), Adam betas, gradient clipping, PPO clip range (0.2 / 0.28), one optimizer step per
-rollout (on-policy), group-normalised advantages (mean and std), per-sequence token-mean loss
-(TRL ``loss_type="grpo"``), and the KL loss to the initial policy with the k3 estimator
-(rlvr ``low_var_kl``, TRL ``beta``). What TRL cannot do identically: the demo's DAPO
-dynamic-sampling filter (``nonzero_std``: resample until every group in the batch has reward
-variance) has no TRL counterpart, so it is off on the rlvr side too; and rlvr clamps k3 to
-[-10, 10] (slime's ``low_var_kl``), TRL does not (the KL stays far below that here).
+budget), Adam betas, gradient clipping, PPO clip range (0.2 / 0.28 in the tiny recipe, 0.2 / 0.2
+in SmolLM2's), one optimizer step per rollout (on-policy), group-normalised advantages (mean and
+std), per-sequence token-mean loss (TRL ``loss_type="grpo"``), and the tiny recipe's KL loss to the
+initial policy with the k3 estimator (rlvr ``low_var_kl``, TRL ``beta``; SmolLM2's has none).
+What TRL cannot do identically: the tiny demo's DAPO dynamic-sampling filter (``nonzero_std``:
+resample until every group in the batch has reward variance) has no TRL counterpart, so it is
+off on the rlvr side too; and rlvr clamps k3 to [-10, 10] (slime's ``low_var_kl``), TRL does not
+(the KL stays far below that here).
 
 Each side runs in its own process with the same thread count for ``--budget`` seconds of wall
 time, counted from its first training step (model load and set-up excluded on both sides), and
 keeps the policy after the last step that ended at or before each mark (every ``--mark-every``
 seconds); the time spent keeping those copies is not counted. Afterwards one evaluator (rlvr's
-``run_eval``: greedy, the 500 held-out test problems) scores every kept checkpoint of both sides.
-It prints a table, writes ``docs/learning_vs_trl.png`` and ends with one JSON line.
+``run_eval``: greedy, the recipe's held-out test split, 500 problems in the tiny recipe and 200 in
+SmolLM2's) scores every kept checkpoint of both sides. It prints a table, writes
+``docs/learning_vs_trl.png`` (``docs/learning_vs_trl_smollm2.png``) and ends with one JSON line.
 
     pip install -e ".[bench]"    # TRL, accelerate, datasets: benchmark-only
     python benchmarks/learning_vs_trl.py [--budget 240] [--mark-every 30]
-    python benchmarks/learning_vs_trl.py --recipe examples/smollm2/grpo.yaml --budget 600 --mark-every 120 --threads 2
+    python benchmarks/learning_vs_trl.py --recipe examples/smollm2/grpo.yaml --budget 300 --mark-every 60 --threads 2
 """
 
 from __future__ import annotations
