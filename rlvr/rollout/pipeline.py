@@ -16,7 +16,7 @@ while rollout ``r`` trains) with a schedule that is a function of the ids alone:
 
 A checkpoint after ``done`` rollouts holds the batches already made for the rollouts after it
 (sampled with versions older than the checkpoint's weights, which a resumed run could not
-re-create) and the id of the next one to generate (``pipeline_state``), taken once the producer
+re-create) and the id of the next one to generate (``checkpoint_state``), taken once the producer
 is idle with the checkpoint's version in the engine. A run resumed from it (``state=``) trains
 those batches as they were and continues the same schedule, so it logs what the uninterrupted
 run logged. Weights are pushed every rollout (``--update-weights-interval 1``, which the config
@@ -36,7 +36,8 @@ from rlvr.rollout.producer import BatchSource, fresh_copy, stop_thread
 
 class PipelinedProducer(BatchSource):
     """Rollouts on a thread beside the trainer, each at the weight version its id is due (module
-    docstring). ``make(r)`` generates rollout ``r``; ``engine`` takes ``update_weights(w, v)``."""
+    docstring). ``make(r)`` generates rollout ``r``; ``rollout.update_weights(w, v)`` loads a push
+    into the engine."""
 
     def __init__(self, rollout, make, max_staleness: int, start: int = 0, stop: int | None = None,
                  state: dict | None = None):
