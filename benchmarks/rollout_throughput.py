@@ -19,8 +19,9 @@ would make the two sides' lengths differ by chance; fixed budgets keep the compa
   depends on the model: 64 rows on the tiny one, 512 on the 19M one in our runs).
 
 ``--deterministic-mode`` adds a third side, ``rlvr-det``: the same engine and requests with
-``deterministic=True`` (each prompt group decoded in a forward of its own: batch-invariant, see
-``rlvr.engine.embedded``), and reports its cost against ``rlvr`` in wall and CPU time.
+``deterministic=True`` (the call cut into packs of at most ``--max-batch-size`` rows, each decoded
+in forwards of its own: a fixed schedule, see ``rlvr.engine.embedded``), and reports its cost
+against ``rlvr`` in wall and CPU time.
 ``--skip-hf`` leaves Hugging Face out (the cost of the mode alone, in seconds instead of minutes).
 
 Tokens/s counts the same useful tokens on both sides (the sum of the budgets). The sides are
