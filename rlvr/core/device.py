@@ -102,15 +102,22 @@ def module_bytes(module: torch.nn.Module) -> int:
 
 
 def empty_cache(device: torch.device) -> None:
-    """Return freed memory to the device: the caching allocator's free blocks on CUDA; on CPU the
-    free pages of glibc's heaps (``malloc_trim``). CPU tensors below glibc's mmap threshold live
-    in those heaps, and the threshold rises to the largest block freed so far (up to 32 MiB), so
-    after a training step most activations are heap blocks that glibc keeps when they are freed:
-    without the trim a SmolLM2 run held 7.8-8.2 GB resident where its steps peak at 4-4.5 GB
-    (docs/benchmarks.md). Called between phases (rollout, training), never inside one."""
+    """Return freed memory to the device: the caching allocator's free blocks on CUDA, the free
+    pages of the process's heaps on CPU (``trim_host_heap``)."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    elif _LIBC is not None:
+    else:
+        trim_host_heap()
+
+
+def trim_host_heap() -> None:
+    """Give the free pages of glibc's heaps back to the OS (``malloc_trim``; nothing elsewhere).
+    CPU tensors below glibc's mmap threshold live in those heaps, and the threshold rises to the
+    largest block freed so far (up to 32 MiB), so after a training step most activations are heap
+    blocks that glibc keeps when they are freed: without the trim a SmolLM2 run held 7.8-8.2 GB
+    resident where its steps peak at 4.5-5 GB (docs/benchmarks.md). Called between phases
+    (rollout, training), never inside one."""
+    if _LIBC is not None:
         _LIBC.malloc_trim(0)
 
 

@@ -71,7 +71,7 @@ from rlvr.algo.opd import opd_advantages
 from rlvr.config import TrainConfig
 from rlvr.observe.rollout_data import rollout_data_metrics, slime_rewards
 from rlvr.compat.slime.plugins import estimator_rewards
-from rlvr.core.device import empty_cache
+from rlvr.core.device import trim_host_heap
 from rlvr.core.testing import hook_loss, trainer_seam
 from rlvr.train import lora, routing_replay
 from rlvr.train.batching import first_fit_decreasing, fixed_size, micro_batches, pad_right
@@ -234,7 +234,7 @@ class Trainer:
     def train(self, rollout_id: int, samples: list[Sample]) -> dict[str, float]:
         """One rollout's optimizer steps. Returns ``train/*`` and ``perf/*`` metrics."""
         t0 = time.perf_counter()
-        empty_cache(self.device)  # what the rollout phase freed, before the step's peak is counted
+        trim_host_heap()  # what the rollout phase freed, before the step's peak is counted
         reset_peak_memory(self.device)
         batch = self._rollout_tensors(samples)
         self._advantages(batch)
@@ -388,7 +388,7 @@ class Trainer:
         metrics["perf/train_time"] = seconds
         metrics["perf/train_tokens_per_s"] = sum(batch.samples[i].total_length for i in batch.kept) / seconds
         metrics["perf/peak_memory_gb"] = peak_memory_gb(self.device)
-        empty_cache(self.device)  # the step's activations and log-prob chunks, for the rollout phase
+        trim_host_heap()  # the step's activations and log-prob chunks, for the rollout phase
         if self.routing_replay:
             metrics |= routing_replay.rollout_metrics(self.routing_replay[0], batch.samples)
         return metrics
