@@ -31,7 +31,7 @@ from collections import deque
 from typing import Mapping
 
 from rlvr.core.types import RolloutBatch, Sample
-from rlvr.rollout.producer import BatchSource, fresh_copy, stop_thread
+from rlvr.rollout.producer import BatchSource, stop_thread, untrained_groups
 
 
 class PipelinedProducer(BatchSource):
@@ -104,9 +104,7 @@ class PipelinedProducer(BatchSource):
         with self._cv:
             while self._busy and self._error is None:
                 self._cv.wait(timeout=1.0)
-            n = self.rollout.cfg.n_samples_per_prompt
-            return [fresh_copy(b.samples[i: i + n]) for r in sorted(self._ready) for b in [self._ready[r]]
-                    for i in range(0, len(b.samples), n)]
+            return untrained_groups(self._ready)
 
     def close(self) -> None:
         with self._cv:

@@ -79,6 +79,15 @@ def fresh_copy(group: list[Sample]) -> list[Sample]:
     return [Sample(**{k: sample_to_dict(s)[k] for k in keep}) for s in group]
 
 
+def untrained_groups(ready: Mapping[int, RolloutBatch]) -> list[list[Sample]]:
+    """Fresh copies of the groups of batches made but not trained, in rollout order."""
+    out = []
+    for r in sorted(ready):
+        b, n = ready[r], ready[r].n_samples_per_prompt
+        out += [fresh_copy(b.samples[i: i + n]) for i in range(0, len(b.samples), n)]
+    return out
+
+
 def with_untrained(state: dict, groups: list[list[Sample]]) -> dict:
     """The data source's ``state`` with ``groups`` (made, not trained) first in its buffer, so a run
     resumed from it generates them again and none is lost."""
@@ -469,12 +478,7 @@ class RolloutFunctionProducer(BatchSource):
         """Fresh copies of the ready batches' groups, once no call is running. Holds ``_cv``."""
         while self._busy and self._error is None:
             self._cv.wait(timeout=1.0)
-        out = []
-        for r in sorted(self._ready):
-            b = self._ready[r]
-            n = b.n_samples_per_prompt
-            out += [fresh_copy(b.samples[i: i + n]) for i in range(0, len(b.samples), n)]
-        return out
+        return untrained_groups(self._ready)
 
     def close(self) -> None:
         with self._cv:
@@ -533,4 +537,5 @@ def _draw(group: list[Sample]) -> int:
     return int(group[0].group_uid or 0)
 
 
-__all__ = ["AsyncProducer", "RolloutFunctionProducer", "SyncBatches", "fresh_copy", "make_producer", "min_version"]
+__all__ = ["AsyncProducer", "RolloutFunctionProducer", "SyncBatches", "fresh_copy", "make_producer", "min_version",
+           "untrained_groups"]

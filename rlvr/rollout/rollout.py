@@ -310,7 +310,7 @@ class Rollout:
         """Generate and grade ``groups``: each its own call, graded as soon as it is back, or with
         ``deterministic`` all in one call in index order, so that the engine's decode schedule
         (rlvr.engine.embedded, deterministic mode) is a function of the groups alone."""
-        if self.deterministic and not (self.agent is not None and self.agent.generate_fn is not None):
+        if self.deterministic and not self._agent_generates():
             await self._generate_groups(groups, params)
             await asyncio.gather(*(self._grade_group(group, shape) for group in groups))
         else:
@@ -321,11 +321,15 @@ class Rollout:
 
         A group from the partial-rollout buffer continues its aborted samples (prompt + response
         so far, the remaining length budget); its finished samples are kept as they are."""
-        if self.agent is not None and self.agent.generate_fn is not None:  # a multi-turn generate function
+        if self._agent_generates():
             await self.agent.generate_group(group, params)
         else:
             await self._generate_groups([group], params)
         await self._grade_group(group, shape)
+
+    def _agent_generates(self) -> bool:
+        """A per-sample generate function (multi-turn, tools, environment) makes the responses."""
+        return self.agent is not None and self.agent.generate_fn is not None
 
     async def _grade_group(self, group: list[Sample], shape: bool) -> None:
         """Grade a generated group and shape its rewards; a group with an aborted sample is not
