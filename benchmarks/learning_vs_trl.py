@@ -268,11 +268,10 @@ def main() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     sides = {name: run_side(name, args, root, env) for name in ("rlvr", "trl")}
-    report(args, root, sides)
+    report(args, s, root, sides)
 
 
-def report(args, root: Path, sides: dict) -> None:
-    s = shared_settings(args.recipe)
+def report(args, s: dict, root: Path, sides: dict) -> None:
     max_len, chat = s["max_len"], s["chat"]
     start = evaluate(args.model, args.test, args.data, max_len, chat)
     curves = {name: [(0.0, start)] + [(m["t"], evaluate(root / name / m["dir"], args.test, args.data, max_len, chat))
