@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent / "rlvr"
 
 # top to bottom; packages in one row are peers (they may import each other, without a cycle)
 LAYERS: list[list[str]] = [
-    ["rlvr.entrypoints", "rlvr.__main__", "rlvr.train.__main__", "rlvr.export_hf"],  # the commands (rlvr, and
+    ["rlvr.entrypoints", "rlvr.__main__", "rlvr.train.__main__", "rlvr.export_hf", "rlvr.api"],  # the commands (rlvr, and
     # seed 003's python -m rlvr.train / rlvr.export_hf) and their sub-commands
     ["rlvr.runtime", "rlvr.distributed"],  # the driver, builders, batch sources; the same on Ray
     ["rlvr.rollout"],  # prompt groups -> samples: engines, agents, rewards, filters

@@ -2,8 +2,7 @@
 #   rlvr train --hf-checkpoint MODEL --prompt-data PROMPTS --apply-chat-template --custom-generate-function-path my_agent:generate
 import re
 
-from rlvr.agents import context
-from rlvr.core.types import Status
+from rlvr.api import Status, context
 
 
 def calculator(expression: str) -> str:

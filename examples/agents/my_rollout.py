@@ -2,7 +2,7 @@
 #   rlvr train --hf-checkpoint MODEL --prompt-data PROMPTS --rollout-function-path my_rollout:generate_rollout
 import asyncio
 
-from rlvr.agents import context
+from rlvr.api import context
 
 
 def generate_rollout(args, rollout_id, data_source, evaluation=False):

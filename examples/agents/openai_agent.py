@@ -4,8 +4,7 @@ import json
 
 import openai
 
-from rlvr.agents import context
-from rlvr.core.types import Status
+from rlvr.api import Status, context
 
 TOOLS = [{"type": "function", "function": {"name": "multiply", "description": "Multiply two integers.",
           "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},

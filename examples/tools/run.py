@@ -37,7 +37,7 @@ def write_data() -> None:
 def sft_sample(turns, tok, row: dict, use_tool: bool = True):
     """One SFT sample: the call, the tool's result (masked), the answer; or (``use_tool`` False)
     the answer written directly, which the model cannot learn to get right (it cannot multiply)."""
-    from rlvr.core.types import Sample
+    from rlvr.api import Sample
 
     a, b = row["metadata"]["a"], row["metadata"]["b"]
     _, prompt_ids = turns.prompt_ids([{"role": "user", "content": row["prompt"]}])

@@ -12,6 +12,7 @@ import os
 import sys
 
 from rlvr.core.errors import ConfigError, DataError, TrainingStopped
+from rlvr.core.moved import show_moved_warnings
 from rlvr.core.registry import WORKDIR_ENV
 
 
@@ -182,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     # A user's module:fn in this directory imports in every process the command starts (rlvr.core.registry).
     os.environ[WORKDIR_ENV] = os.getcwd()
+    show_moved_warnings()  # a plugin importing an old path (rlvr.types) is told the new one
     try:
         COMMANDS[argv[0]][0](argv[1:])
     except (ConfigError, DataError) as e:
