@@ -25,11 +25,9 @@ rlvr.types is deprecated: import Sample, Status from rlvr.api (the module is rlv
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.machinery
 import sys
 import warnings
-from pathlib import Path
 
 _API = "rlvr.api"
 
@@ -79,7 +77,7 @@ def _internal(frame) -> bool:
 def _importer_stacklevel() -> int:
     """warnings.warn's stacklevel of the first frame outside the import machinery and this file:
     the line of user code that imported the old path."""
-    here = str(Path(__file__))
+    here = __file__
     frame, level = sys._getframe(1), 1
     while frame is not None and (frame.f_code.co_filename == here or "importlib" in frame.f_code.co_filename):
         frame = frame.f_back
@@ -88,7 +86,7 @@ def _importer_stacklevel() -> int:
     return level
 
 
-class _Bridge(importlib.abc.Loader):
+class _Bridge:  # importlib.abc.Loader's two methods (importlib.abc itself costs ~10 ms to import)
     def create_module(self, spec):
         return None  # a plain module, replaced by the new one in exec_module
 
@@ -99,7 +97,7 @@ class _Bridge(importlib.abc.Loader):
         sys.modules[old] = importlib.import_module(MOVED[old][0])
 
 
-class _MovedFinder(importlib.abc.MetaPathFinder):
+class _MovedFinder:  # an importlib.abc.MetaPathFinder
     def find_spec(self, fullname, path=None, target=None):
         if fullname in MOVED:
             return importlib.machinery.ModuleSpec(fullname, _Bridge())
