@@ -103,8 +103,10 @@ def help_of(f: Field, names: Names | None = None) -> str:
     text, bounds = f.metadata["help"], f.metadata.get("bounds")
     if bounds:
         text += f" ({bounds_text(bounds)})"
-    if "names" in f.metadata and (registered := choices_of(f, names)) is not None:
-        text += f" (registered: {', '.join(registered)})"
+    if "names" in f.metadata:
+        registered = choices_of(f, names)
+        text += (f" (registered: {', '.join(registered)})" if registered is not None else
+                 f" (a registered {f.metadata['names']}; an unknown name is refused at start-up with the list)")
     return text
 
 

@@ -83,6 +83,15 @@ def add_config_arguments(parser: argparse.ArgumentParser, names: Names | None = 
             section.add_argument(f.metadata.get("flag", flag_of(f.name)), **kwargs)
 
 
+def make_parser(prog: str = "rlvr train", names: Names | None = None) -> argparse.ArgumentParser:
+    """Every config field as a flag. Declarative: building it (and ``--help``) imports no
+    implementation; ``names`` (``rlvr.runtime.configure.NAMES``) lists the registries' names in
+    the help, which otherwise says where they are checked."""
+    parser = argparse.ArgumentParser(prog=prog)
+    add_config_arguments(parser, names)
+    return parser
+
+
 def _read_yaml(path: str, given: dict[str, Any]) -> dict[str, tuple[Any, str]]:
     """``{field: (value, where it was read)}`` from a YAML file: rlvr's fields (flat or grouped),
     or seed 003's nested schema (``rlvr.compat.slime.seed_config``) with rlvr fields beside it.

@@ -23,12 +23,12 @@ token by token, as the engine samples them (``Server._stream``), ``GET /v1/model
 
 As in SGLang, generation stops at the tokenizer's EOS unless ``ignore_eos``; the text of a
 response ends before a matched stop string. A malformed payload gets HTTP 400 naming the field.
-The server binds 127.0.0.1 unless told otherwise.
+The server binds 127.0.0.1 unless told otherwise; the command's flags and start-up are
+``rlvr.entrypoints.serve``.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import json
@@ -434,45 +434,3 @@ async def _errors(request: web.Request, handler):
     except Exception as e:
         log.exception("%s %s failed", request.method, request.path)
         return web.json_response({"error": {"message": repr(e), "type": "server_error"}}, status=500)
-
-
-def main(argv: list[str]) -> None:
-    from rlvr.core.errors import ConfigError
-    from rlvr.data.tokenizer import load_tokenizer
-
-    p = argparse.ArgumentParser(prog="rlvr serve", description="serve a HF checkpoint over SGLang's HTTP protocol")
-    p.add_argument("--hf-checkpoint", required=True, help="Hugging Face checkpoint directory")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 exposes it to the network")
-    p.add_argument("--port", type=int, default=30000, help="port to listen on")
-    p.add_argument("--max-running-requests", type=int, default=256, help="rows decoded together (batch slots)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the sampling stream")
-    p.add_argument("--served-model-name", default=None, help="model name in OpenAI responses; default the path")
-    p.add_argument("--enable-return-routed-experts", action="store_true",
-                   help="MoE: record each position's routed experts; a /generate with return_routed_experts gets them (R3)")
-    p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N")
-    p.add_argument("--deterministic-mode", action="store_true",
-                   help="batch-invariant decoding (one forward per prompt group) and torch's deterministic algorithms")
-    p.add_argument("--mem-fraction-static", type=float, default=None,
-                   help="fraction of the device's memory for weights + KV cache (SGLang's flag; default: no budget)")
-    a = p.parse_args(argv)
-    if not (Path(a.hf_checkpoint) / "config.json").is_file():
-        raise ConfigError("--hf-checkpoint", f"{a.hf_checkpoint} has no config.json; point it at a HF model directory")
-    if a.max_running_requests < 1:
-        raise ConfigError("--max-running-requests", f"must be >= 1, got {a.max_running_requests}")
-    if a.mem_fraction_static is not None and not 0 < a.mem_fraction_static <= 1:
-        raise ConfigError("--mem-fraction-static", f"must be in (0, 1], got {a.mem_fraction_static}")
-    from rlvr.core.device import resolve
-
-    if a.deterministic_mode:  # before the first CUDA call (rlvr.core.determinism)
-        from rlvr.core.determinism import use_deterministic_mode
-
-        use_deterministic_mode()
-    device = resolve(a.device)
-    tokenizer = load_tokenizer(a.hf_checkpoint)
-    engine = EmbeddedEngine(a.hf_checkpoint, pad_token_id=tokenizer.pad_token_id, seed=a.seed,
-                            max_batch_size=a.max_running_requests, tokenizer=tokenizer, device=device,
-                            mem_fraction=a.mem_fraction_static, return_routed_experts=a.enable_return_routed_experts,
-                            deterministic=a.deterministic_mode)
-    server = Server(engine, tokenizer, a.served_model_name or a.hf_checkpoint)
-    print(f"rlvr serve: {a.hf_checkpoint} on http://{a.host}:{a.port}", flush=True)
-    web.run_app(server.app(), host=a.host, port=a.port, print=None)

@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from typing import TYPE_CHECKING
 
 from rlvr.core.errors import ConfigError
-from rlvr.core.types import Sample
+
+if TYPE_CHECKING:
+    from rlvr.core.types import Sample
 
 _WIDTH = 100
 
 
 def _parse(argv: list[str]):
-    from rlvr.runtime.configure import config_from_values, make_parser, merged_values
-
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         raise SystemExit(0)
@@ -35,7 +36,12 @@ def _parse(argv: list[str]):
     p.add_argument("--check-samples", type=int, default=1, help="samples of the first prompt to run (default 1)")
     own, rest = p.parse_known_args(argv[1:] if function else argv)
     own.function = function
-    values = merged_values(make_parser("rlvr agents check").parse_args(rest))
+    from rlvr.config.parse import make_parser
+
+    ns = make_parser("rlvr agents check").parse_args(rest)  # declarative: --help imports no implementation
+    from rlvr.runtime.configure import config_from_values, merged_values
+
+    values = merged_values(ns)
     if own.function is not None:
         values["custom_generate_function_path"] = own.function
     cfg = config_from_values(values)  # the checks of `rlvr train` with the same flags
@@ -70,9 +76,9 @@ def show(s: Sample, decode) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+    cfg, k = _parse(argv)
     from rlvr.runtime.build import build_engine, load_tokenizer, make_rollout, open_training_data
 
-    cfg, k = _parse(argv)
     tokenizer = load_tokenizer(cfg.train.hf_checkpoint)
     engine = build_engine(cfg, cfg.train.hf_checkpoint, tokenizer)
     try:

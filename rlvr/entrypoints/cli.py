@@ -16,40 +16,52 @@ from rlvr.core.moved import show_moved_warnings
 from rlvr.core.registry import WORKDIR_ENV
 
 
+def parse_values(argv: list[str], prog: str) -> dict:
+    """Flat ``{field: value}`` of flags + YAML. The flags are parsed by the declarative config
+    (``rlvr.config.parse``) before anything else is imported, so ``--help`` loads no torch and
+    no implementation."""
+    from rlvr.config.parse import make_parser
+
+    ns = make_parser(prog).parse_args(argv)
+    from rlvr.runtime.configure import merged_values
+
+    return merged_values(ns)
+
+
 def _config_with_assets(argv: list[str], prog: str, rl: bool):
     """Parse flags + YAML; when they name the example's assets, build those first (first use)."""
+    values = parse_values(argv, prog)
     from rlvr.entrypoints import demo
-    from rlvr.runtime.configure import config_from_values, make_parser, merged_values
+    from rlvr.runtime.configure import config_from_values
 
-    values = merged_values(make_parser(prog).parse_args(argv))
     if any(demo.is_example_asset(values.get(k)) for k in ("hf_checkpoint", "prompt_data")):
         demo.prepare_assets(sft=rl)  # SFT itself only needs the data and the base model
     return config_from_values(values, rl=rl)
 
 
 def _train(argv: list[str]) -> None:
+    cfg = _config_with_assets(argv, "rlvr train", rl=True)
     from rlvr.runtime.loop import run
 
-    run(_config_with_assets(argv, "rlvr train", rl=True))
+    run(cfg)
 
 
 def _sft(argv: list[str]) -> None:
     from pathlib import Path
 
+    cfg = _config_with_assets(argv, "rlvr sft", rl=False)
     from rlvr.entrypoints.sft import run_sft
 
-    cfg = _config_with_assets(argv, "rlvr sft", rl=False)
     out = run_sft(cfg, cfg.run.save or Path(cfg.run.output_dir) / "model")
     print(f"sft: wrote {out}")
 
 
 def _eval(argv: list[str]) -> None:
+    values = parse_values(argv, "rlvr eval")
     from rlvr.config import build_config
-    from rlvr.core.errors import ConfigError
     from rlvr.entrypoints.evaluate import run_eval
-    from rlvr.runtime.configure import check_inputs, make_parser, merged_values
+    from rlvr.runtime.configure import check_inputs
 
-    values = merged_values(make_parser("rlvr eval").parse_args(argv))
     cfg = build_config(values)
     for group in (cfg.train, cfg.data, cfg.eval, cfg.rollout):  # no RL, so only these groups matter
         group.validate()
@@ -63,21 +75,17 @@ def _eval(argv: list[str]) -> None:
 
 
 def _plot(argv: list[str]) -> None:
-    from rlvr.observe import plot_runs
-
     p = argparse.ArgumentParser(prog="rlvr plot", description="PNG dashboard of one or more runs")
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("--out", default=None, help="PNG path; default FIRST_RUN_DIR/curves.png")
     a = p.parse_args(argv)
+    from rlvr.observe import plot_runs
+
     print(plot_runs(a.run_dirs, a.out))
 
 
 def _export(argv: list[str]) -> None:
     from pathlib import Path
-
-    from rlvr.runtime.checkpoint import find_checkpoint
-    from rlvr.core.errors import ConfigError
-    from rlvr.runtime.build import export_hf
 
     p = argparse.ArgumentParser(prog="rlvr export", description="write a plain Hugging Face checkpoint "
                                 "(model + tokenizer, no optimizer) from a training checkpoint")
@@ -87,6 +95,9 @@ def _export(argv: list[str]) -> None:
     p.add_argument("--adapter-only", action="store_true",
                    help="LoRA runs: write the adapter alone (PEFT's files) instead of the merged model")
     a = p.parse_args(argv)
+    from rlvr.runtime.build import export_hf
+    from rlvr.runtime.checkpoint import find_checkpoint
+
     src = Path(a.checkpoint)
     if not ((src / "config.json").is_file() or (src / "adapter_config.json").is_file()):
         src = find_checkpoint(src, flag="checkpoint")  # rollout_N, or the newest under a --save directory
@@ -104,7 +115,7 @@ def _demo(argv: list[str]) -> None:
 
 
 def _serve(argv: list[str]) -> None:
-    from rlvr.engine.server import main as serve
+    from rlvr.entrypoints.serve import main as serve
 
     serve(argv)
 
@@ -119,29 +130,35 @@ def _agents(argv: list[str]) -> None:
         raise SystemExit(1)
 
 
-def _make_tiny_model(argv: list[str]) -> None:
-    from rlvr.models.tiny import ARCHITECTURES, build_tiny_model
+# rlvr.models.tiny.ARCHITECTURES' names, declared here so that --help imports no torch
+# (tests/test_cli_help.py checks that the two agree)
+TINY_ARCHITECTURES = ["cohere", "gemma2", "gemma3", "gpt_neox", "llama", "mistral", "phi3", "qwen2", "qwen3", "qwen3_moe"]
 
+
+def _make_tiny_model(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="rlvr make-tiny-model")
     p.add_argument("out_dir")
-    p.add_argument("--arch", default="qwen2", choices=sorted(ARCHITECTURES))
+    p.add_argument("--arch", default="qwen2", choices=TINY_ARCHITECTURES)
     p.add_argument("--hidden-size", type=int, default=128)
     p.add_argument("--num-layers", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
+    from rlvr.models.tiny import build_tiny_model
+
     print(build_tiny_model(a.out_dir, arch=a.arch, hidden_size=a.hidden_size, intermediate_size=3 * a.hidden_size,
                            num_layers=a.num_layers, seed=a.seed))
 
 
 def _import_gguf(argv: list[str]) -> None:
-    from rlvr.models.gguf import DTYPES, import_gguf
-
     p = argparse.ArgumentParser(prog="rlvr import-gguf", description="write a GGUF file (any transformers "
                                 "reads) as a plain HF checkpoint: config, safetensors, tokenizer, chat template")
     p.add_argument("gguf_file")
     p.add_argument("out_dir")
-    p.add_argument("--dtype", default="float32", choices=DTYPES, help="dtype of the written weights")
+    p.add_argument("--dtype", default="float32", help="dtype of the written weights: float32 or bfloat16 "
+                   "(rlvr.models.gguf.DTYPES checks it)")
     a = p.parse_args(argv)
+    from rlvr.models.gguf import import_gguf
+
     print(import_gguf(a.gguf_file, a.out_dir, a.dtype))
 
 

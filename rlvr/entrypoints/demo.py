@@ -24,9 +24,7 @@ import logging
 import time
 from pathlib import Path
 
-from rlvr.runtime.configure import parse_config
 from rlvr.data.arith import write_splits
-from rlvr.models.tiny import build_tiny_model
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +62,8 @@ def prepare_assets(console: bool = True, sft: bool = True, seed: int | None = No
         log.info("writing the arithmetic task to %s", ASSETS)
         write_splits(ASSETS, n_val=N_VAL)
     if not (ASSETS / "base" / "config.json").is_file():
+        from rlvr.models.tiny import build_tiny_model
+
         log.info("building the tiny base model in %s", ASSETS / "base")
         build_tiny_model(ASSETS / "base", **TINY_MODEL)
     if sft and not (sft_dir(seed) / BOOTSTRAP_FILE).is_file():
@@ -72,8 +72,9 @@ def prepare_assets(console: bool = True, sft: bool = True, seed: int | None = No
 
 def bootstrap(out: Path, seed: int | None, console: bool = True) -> dict:
     """The SFT bootstrap of ``seed`` into ``out``; notes its steps and validation score there."""
-    from rlvr.observe import read_metrics
     from rlvr.entrypoints.sft import run_sft
+    from rlvr.observe import read_metrics
+    from rlvr.runtime.configure import parse_config
 
     log.info("bootstrap SFT -> %s (examples/arith/sft.yaml)", out)
     cfg = parse_config(["--config", str(EXAMPLE_DIR / "sft.yaml"), *seed_flags(seed, "arith-sft")], rl=False)
@@ -101,13 +102,14 @@ def main(argv: list[str] | None = None) -> str:
 def main_tiny(argv: list[str] | None = None) -> str:
     """``rlvr demo --tiny``: assets, GRPO from the SFT checkpoint, and the summary line. ``--seed N``
     (see the module docstring); any other flag overrides ``examples/arith/grpo.yaml``."""
-    from rlvr.runtime.loop import run
-    from rlvr.observe import read_metrics
-
     p = argparse.ArgumentParser(prog="rlvr demo --tiny", description="the tiny-model arithmetic demo end to end")
     p.add_argument("--seed", type=int, default=None, help="seed of the bootstrap and of GRPO (default: the YAMLs')")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, see below)")
     a, extra = p.parse_known_args(argv or [])
+    from rlvr.observe import read_metrics
+    from rlvr.runtime.configure import parse_config
+    from rlvr.runtime.loop import run
+
     # One thread by default: float results then do not depend on the machine's core count, and on a
     # shared 2-core machine two threads per process thrash (an SFT step measured 12.7 s with 2
     # threads at load ~17, 0.6 s with 1 thread at load ~8-15; ~0.1 s with 2 threads on a quiet machine).

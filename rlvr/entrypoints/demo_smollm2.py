@@ -21,7 +21,6 @@ import logging
 import time
 from pathlib import Path
 
-from rlvr.runtime.configure import make_parser, merged_values, parse_config
 from rlvr.data.chat_arith import write_splits
 from rlvr.core.errors import ConfigError
 
@@ -49,9 +48,6 @@ def prepare_assets() -> None:
 
 def main(argv: list[str] | None = None) -> str:
     """The demo end to end; returns the summary line it prints."""
-    from rlvr.runtime.loop import run
-    from rlvr.observe import read_metrics
-
     p = argparse.ArgumentParser(prog="rlvr demo", description="GRPO on SmolLM2-135M-Instruct (make smollm2 first); "
                                 "--tiny: the tiny-model arithmetic demo")
     p.add_argument("--seed", type=int, default=None, help="training seed and prompt order (default: the YAML's)")
@@ -59,6 +55,10 @@ def main(argv: list[str] | None = None) -> str:
                    "2-core machines this is measured on)")
     a, extra = p.parse_known_args(argv or [])
     import torch
+
+    from rlvr.observe import read_metrics
+    from rlvr.runtime.configure import make_parser, merged_values, parse_config
+    from rlvr.runtime.loop import run
 
     torch.set_num_threads(a.threads)
     t0 = time.perf_counter()

@@ -26,7 +26,8 @@ from rlvr.algo.kl import kl_loss_types
 from rlvr.algo.policy_loss import POLICY_LOSSES
 from rlvr.config import AgentConfig, AlgoConfig, Config, DataConfig, EvalConfig, RolloutConfig, TrainConfig
 from rlvr.config.fields import Names, choices_of, flag_of
-from rlvr.config.parse import add_config_arguments, build_config, given_values
+from rlvr.config.parse import build_config, given_values
+from rlvr.config.parse import make_parser as config_parser
 from rlvr.core.errors import ConfigError
 from rlvr.core.registry import resolve
 from rlvr.data.readers import dataset_kind, open_rows
@@ -138,10 +139,9 @@ def check(cfg: Config, rl: bool = True) -> Config:
 
 # ---- the command line ------------------------------------------------------------------------
 def make_parser(prog: str = "rlvr train") -> argparse.ArgumentParser:
-    """Every config field as a flag; the help lists the names registered now."""
-    parser = argparse.ArgumentParser(prog=prog)
-    add_config_arguments(parser, NAMES)
-    return parser
+    """Every config field as a flag; the help lists the names registered now (the ``rlvr``
+    command parses with ``rlvr.config.parse.make_parser``, which imports no implementation)."""
+    return config_parser(prog, NAMES)
 
 
 def merged_values(ns: argparse.Namespace) -> dict[str, Any]:
