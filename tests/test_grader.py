@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -15,7 +17,9 @@ from rlvr.observe.rollout_metrics import rollout_metrics
 from rlvr.core.types import Sample
 
 CUSTOM = textwrap.dedent('''
-    import asyncio, math, time
+    import asyncio, math, threading
+
+    RELEASE = threading.Event()  # "slow" graders block until the test sets it
 
     def exact(sample):
         return float(sample.response.strip() == str(sample.label))
@@ -34,12 +38,13 @@ CUSTOM = textwrap.dedent('''
             return {"acc": 1.0}
         if r == "text":
             return "1.0"
-        if r == "slow":  # far beyond the timeout, so a grader that waited for it cannot pass on a slow machine
-            time.sleep(10)
+        if r == "slow":  # until the test releases it: a grader that waited for it never returns
+            RELEASE.wait()
         return 1.0
 
     async def async_slow(sample):
-        await asyncio.sleep(10)
+        while not RELEASE.is_set():
+            await asyncio.sleep(0.05)
         return 1.0
 
     def rank_in_group(samples):
@@ -58,6 +63,7 @@ CUSTOM = textwrap.dedent('''
 def custom(tmp_path, monkeypatch):
     (tmp_path / "my_rewards.py").write_text(CUSTOM)
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "my_rewards", raising=False)  # this test's copy (its RELEASE unset)
 
     def make(fn, **kw):
         return Grader(RewardConfig(custom_rm_path=f"my_rewards:{fn}", **kw))
@@ -89,11 +95,24 @@ def test_group_reward_sees_the_whole_group(custom):
     assert all("returned 1 rewards for a group of 2" in s.metadata["reward_error"] for s in g)
 
 
+def returns_while_blocked(grade, deadline: float = 120.0) -> None:
+    """Run ``grade()`` in a thread: it must return (within ``deadline`` s, a hang's bound) while
+    the "slow" graders are still blocked, i.e. without waiting for them; then release them."""
+
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (grade(), done.set()), daemon=True)
+    worker.start()
+    try:
+        assert done.wait(deadline), f"grading did not return in {deadline} s: it waits for the blocked grader"
+    finally:
+        sys.modules["my_rewards"].RELEASE.set()
+    worker.join(deadline)
+
+
 def test_every_kind_of_failure_is_a_value_with_a_reason(custom):
     g = group("ok", "raise", "nan", "dict", "text", "slow")
-    t0 = time.monotonic()
-    custom("picky", reward_timeout=0.5, reward_failure_value=-1.0).grade_sync(g)
-    assert time.monotonic() - t0 < 5.0  # the slow one (10 s) is abandoned at the 0.5 s timeout
+    # the slow one blocks until released: it is abandoned at the 0.5 s timeout
+    returns_while_blocked(lambda: custom("picky", reward_timeout=0.5, reward_failure_value=-1.0).grade_sync(g))
     assert [s.reward for s in g] == [1.0, -1.0, -1.0, -1.0, -1.0, -1.0]
     errors = [s.metadata.get("reward_error", "") for s in g]
     assert errors[0] == ""
@@ -109,9 +128,7 @@ def test_every_kind_of_failure_is_a_value_with_a_reason(custom):
 
 def test_async_timeout(custom):
     g = group("x", "y")
-    t0 = time.monotonic()
-    custom("async_slow", reward_timeout=0.3).grade_sync(g)
-    assert time.monotonic() - t0 < 5.0  # abandoned at 0.3 s, not awaited for 10 s
+    returns_while_blocked(lambda: custom("async_slow", reward_timeout=0.3).grade_sync(g))  # abandoned at 0.3 s
     assert all("timeout" in s.metadata["reward_error"] for s in g)
 
 
@@ -165,17 +182,21 @@ def base_args(tiny_qwen2, tmp_path):
 
 # ---- in the rollout -------------------------------------------------------------------------
 class SlowTail:
-    """A real embedded engine whose group with prompt index 1 comes back 0.6 s late (a long tail)."""
+    """A real embedded engine whose group with prompt index 1 comes back only once group 0 has
+    been graded (a long tail): a rollout that graded after every group returned would wait here
+    until the 60 s deadline, and group 0's grading would then come after group 1's return."""
 
-    def __init__(self, engine):
-        self.engine, self.returned = engine, {}
+    def __init__(self, engine, graded: dict):
+        self.engine, self.graded, self.returned = engine, graded, {}
 
     async def generate(self, requests):
         import asyncio
 
         results = await self.engine.generate(requests)
         if requests[0].rid == "1/0":  # second group (request ids are sample uids: draw/j)
-            await asyncio.sleep(0.6)
+            deadline = time.monotonic() + 60
+            while 0 not in self.graded and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
         self.returned[requests[0].rid] = time.monotonic()
         return results
 
@@ -189,7 +210,6 @@ def test_rollout_grades_each_group_as_it_finishes_and_counts_failures(tiny_qwen2
     from rlvr.engine.embedded import EmbeddedEngine
     from rlvr.runtime.build import load_tokenizer
 
-    graded: dict[int, float] = {}
     (tmp_path / "timed_rewards.py").write_text(textwrap.dedent('''
         import time
         GRADED = {}
@@ -204,7 +224,7 @@ def test_rollout_grades_each_group_as_it_finishes_and_counts_failures(tiny_qwen2
 
     graded = timed_rewards.GRADED
     tok = load_tokenizer(str(tiny_qwen2))
-    engine = SlowTail(EmbeddedEngine(str(tiny_qwen2), pad_token_id=tok.pad_token_id, seed=0))
+    engine = SlowTail(EmbeddedEngine(str(tiny_qwen2), pad_token_id=tok.pad_token_id, seed=0), graded)
     records = [PromptRecord(prompt=f"{i}+1=", label=str(i + 1), metadata={}, index=i) for i in range(2)]
     from rlvr.rollout.rollout import Rollout
 
@@ -212,7 +232,7 @@ def test_rollout_grades_each_group_as_it_finishes_and_counts_failures(tiny_qwen2
     rollout = Rollout(cfg, engine, tok, DataSource(records, shuffle=False),
                       Grader(RewardConfig(custom_rm_path="timed_rewards:reward")))
     batch = rollout.generate(0)
-    assert graded[0] < engine.returned["1/0"] - 0.3  # group 0 graded while group 1 was still out
+    assert graded[0] < engine.returned["1/0"]  # group 0 graded while group 1 was still out
     assert [s.scalar_reward() for s in batch.samples] == [1.0, 0.0, 1.0, 1.0]
     assert "bad sample" in batch.samples[1].metadata["reward_error"]
     assert batch.metrics["rollout/reward_errors"] == 1.0

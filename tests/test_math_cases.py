@@ -208,10 +208,11 @@ def test_answer_forms(response, label, expected):
 def test_pathological_cases_are_graded_fast():
     import time
 
+    # CPU time of this thread (grading runs on it), not wall-clock time, which a loaded machine stretches
     for case in (c for c in CASES if c["kind"] == "pathological"):
-        t = time.perf_counter()
+        t = time.thread_time()
         score("math", case["response"], case["label"])
-        assert time.perf_counter() - t < 2.0, case["response"][:80]
+        assert time.thread_time() - t < 2.0, case["response"][:80]
     assert is_unsafe("9^{9^{9^{9}}}") and is_unsafe("2^{1000000}") and not is_unsafe("2^{10}")
 
 
@@ -223,10 +224,10 @@ inputs = ["$" * 20000, "\\\\(" * 10000, "\\\\frac{" * 3000, "[" * 5000, "The ans
           "\\\\boxed{" + "\\\\sqrt{" * 300 + "2" + "}" * 301, "\\\\boxed{x = " + "y = " * 2000 + "1}",
           "\\\\boxed{9^9^9}", "The answer is 2^2^2^2^2^2.", "\\\\boxed{10^{10^{10}}!}"]
 score("math", "1", "1")  # warm-up: importing math-verify is not grading
-for text in inputs:
-    t = time.perf_counter()
+for text in inputs:  # CPU seconds of the grading thread: a loaded machine does not stretch them
+    t = time.thread_time()
     score("math", text, "1")
-    assert time.perf_counter() - t < 2.0, text[:40]
+    assert time.thread_time() - t < 2.0, text[:40]
 print("ok")
 """
 
