@@ -55,6 +55,29 @@ def arith_files(tmp_path_factory) -> tuple[Path, Path]:
     return write_jsonl(train[:500], d / "train.jsonl"), write_jsonl(test, d / "test.jsonl")
 
 
+@pytest.fixture(scope="module")
+def small_eval(arith_files, request, tmp_path_factory) -> Path:
+    """The first rows of the arithmetic test split as a small eval set: the module's
+    ``SMALL_EVAL_ROWS`` of them (default 8)."""
+    path = tmp_path_factory.mktemp("eval") / "test.jsonl"
+    rows = getattr(request.module, "SMALL_EVAL_ROWS", 8)
+    path.write_text("".join(arith_files[1].read_text().splitlines(keepends=True)[:rows]))
+    return path
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(request):
+    """A local Ray cluster for the module's tests, shut down after them: the module's
+    ``RAY_NUM_CPUS`` CPUs (default 5: 2 training ranks + 2 engines, and slack)."""
+    ray = pytest.importorskip("ray")
+    from rlvr.distributed.placement import ACTOR_ENV
+
+    ray.init(num_cpus=getattr(request.module, "RAY_NUM_CPUS", 5), include_dashboard=False,
+             runtime_env={"env_vars": dict(ACTOR_ENV)}, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
 def write_lines(path: Path, lines: list[str | dict]) -> Path:
     path.write_text("".join((json.dumps(x) if isinstance(x, dict) else x) + "\n" for x in lines))
     return path

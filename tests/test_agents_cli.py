@@ -150,16 +150,6 @@ def test_hook_paths_are_checked_at_parse_time(tiny_qwen2, arith_files, tmp_path)
     parse_config(base + ["--rollout-function-path", "tests.test_agents_cli:generate_rollout", "--async"])
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    from rlvr.distributed.placement import ACTOR_ENV
-
-    ray.init(num_cpus=5, include_dashboard=False, runtime_env={"env_vars": dict(ACTOR_ENV)}, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 @pytest.mark.slow
 # Two of the four combinations, to keep the suite short (all four passed when this was written;
 # each hook's other mode runs locally above): the generate function in sync, the rollout function

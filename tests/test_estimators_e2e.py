@@ -11,9 +11,7 @@ from rlvr.data.arith import make_splits, write_jsonl
 EXAMPLE = str(Path(__file__).resolve().parents[1] / "examples" / "arith" / "grpo.yaml")
 
 
-@pytest.fixture(scope="module")
-def small_eval(tmp_path_factory):
-    return write_jsonl(make_splits(n_test=200)[1][:16], tmp_path_factory.mktemp("ev") / "eval.jsonl")
+SMALL_EVAL_ROWS = 16  # the small_eval fixture (conftest.py)
 
 
 def _run(tiny_qwen2, arith_files, small_eval, out: Path, *extra: str) -> list[dict]:

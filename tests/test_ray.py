@@ -24,23 +24,6 @@ from rlvr.core.types import RolloutBatch
 ray = pytest.importorskip("ray")
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """One local cluster for the module: 4 bundles of 1 CPU (2 ranks + 2 engines) and slack."""
-    from rlvr.distributed.placement import ACTOR_ENV
-
-    ray.init(num_cpus=5, include_dashboard=False, runtime_env={"env_vars": dict(ACTOR_ENV)}, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def small_eval(arith_files, tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("eval") / "test.jsonl"
-    path.write_text("".join(arith_files[1].read_text().splitlines(keepends=True)[:8]))
-    return path
-
-
 def ray_args(ckpt, train, test, out) -> list[str]:
     return ["--hf-checkpoint", str(ckpt), "--prompt-data", str(train), "--rollout-batch-size", "2",
             "--n-samples-per-prompt", "4", "--rollout-max-response-len", "5", "--num-rollout", "2", "--lr", "1e-3",

@@ -24,14 +24,7 @@ from test_async import _check_exactly_once, _ledger  # noqa: E402  (the same led
 from test_fault_tolerance import check_monitor_survives_a_kill, killer, wait_until  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """One local cluster for the module: 1 training rank + 2 engines, and slack."""
-    from rlvr.distributed.placement import ACTOR_ENV
-
-    ray.init(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": dict(ACTOR_ENV)}, log_to_driver=False)
-    yield
-    ray.shutdown()
+RAY_NUM_CPUS = 4  # the ray_cluster fixture (conftest.py): 1 training rank + 2 engines, and slack
 
 
 def manager_log() -> str:

@@ -44,11 +44,7 @@ def values(run_dir: Path) -> dict[tuple[str, int], dict]:
     return out
 
 
-@pytest.fixture(scope="module")
-def small_eval(arith_files, tmp_path_factory):
-    test = tmp_path_factory.mktemp("eval") / "test.jsonl"
-    test.write_text("".join(arith_files[1].read_text().splitlines(keepends=True)[:6]))
-    return test
+SMALL_EVAL_ROWS = 6  # the small_eval fixture (conftest.py)
 
 
 @pytest.mark.slow
