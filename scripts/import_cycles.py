@@ -1,5 +1,13 @@
 """The layer rule of docs/design.md: rlvr's imports point down the declared layers, and no module
-imports itself back through others (a cycle), lazy (function-level) imports included.
+imports itself back through others (a cycle), lazy (function-level) imports included. Two rules
+about the edges ride along:
+
+* adapters only at the edge: only the modules in ``ADAPTER_USERS`` (the config, which reads
+  slime's flag names, the runtime's builders and the entry points) import ``rlvr.compat``;
+* components complete when built: no module assigns to an attribute of another package's
+  component (``rollout.agent = ...`` outside ``rlvr.rollout``); ``COMPONENTS`` names the
+  variables and attributes that hold one (``rollout``, ``trainer``, ...), whatever the chain
+  before them (``c.trainer.guard.streak = ...``).
 
 ``LAYERS`` lists the packages from the top (what a user runs) to the bottom (types and errors).
 A module may import any module of its own layer or of a lower one; an import of a higher layer
@@ -32,6 +40,13 @@ LAYERS: list[list[str]] = [
     ["rlvr.core"],  # types, errors, registry, small I/O helpers
 ]
 UNLAYERED = {"rlvr"}  # the package itself: a docstring and __version__
+
+ADAPTER = "rlvr.compat"
+ADAPTER_USERS = ("rlvr.compat", "rlvr.config", "rlvr.runtime", "rlvr.entrypoints", "rlvr.train.__main__",
+                 "rlvr.export_hf")  # the last two: seed 003's commands, entry points kept at their slime paths
+# a name that holds a component -> the package that owns the component's attributes
+COMPONENTS = {"rollout": "rlvr.rollout", "trainer": "rlvr.train", "agent": "rlvr.agents", "engine": "rlvr.engine",
+              "grader": "rlvr.rewards", "data_source": "rlvr.data", "guard": "rlvr.train"}
 
 
 def module_name(path: Path, root: Path | None = None) -> str:
@@ -139,12 +154,60 @@ def violations(root: Path = ROOT, layers: list[list[str]] = LAYERS) -> tuple[lis
     return upward, cycles, len(graph)
 
 
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _names_of(node: ast.AST) -> list[str]:
+    """``a.b.c`` -> ["a", "b", "c"] (the names of an attribute chain, outermost first)."""
+    out = []
+    while isinstance(node, ast.Attribute):
+        out.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        out.append(node.id)
+    return out[::-1]
+
+
+def foreign_assignments(path: Path, me: str) -> list[str]:
+    """``line: target`` of each assignment in one file to an attribute of a component that
+    another package owns (``COMPONENTS``)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        for t in targets:
+            if not isinstance(t, ast.Attribute):
+                continue
+            chain = _names_of(t.value)
+            owner = next((COMPONENTS[n] for n in chain if n in COMPONENTS), None)
+            if owner is not None and not _inside(me, owner):
+                out.append(f"{node.lineno}: {'.'.join(chain + [t.attr])} (a component of {owner})")
+    return out
+
+
+def edge_violations(root: Path = ROOT) -> list[str]:
+    """Imports of ``rlvr.compat`` outside ``ADAPTER_USERS`` and assignments to another package's
+    component, as printable lines with file:line."""
+    paths = {module_name(p, root): p for p in sorted(root.rglob("*.py"))}
+    out = []
+    for m, p in paths.items():
+        where = p.relative_to(root.parent)
+        if not any(_inside(m, u) for u in ADAPTER_USERS):
+            out += [f"{where}:{line}: {m} imports {other}: only {', '.join(ADAPTER_USERS[1:4])} adapt other systems"
+                    for other, line in imports_of(p, set(paths), root).items() if _inside(other, ADAPTER)]
+        out += [f"{where}:{finding}: set it through the constructor" for finding in foreign_assignments(p, m)]
+    return out
+
+
 def main(argv: list[str]) -> int:
     upward, cycles, n = violations()
-    for line in upward + cycles:
+    edges = edge_violations()
+    for line in upward + cycles + edges:
         print(line)
-    print(f"{n} modules; {len(cycles)} import cycle(s); {len(upward)} upward import(s)")
-    return 1 if upward or cycles else 0
+    print(f"{n} modules; {len(cycles)} import cycle(s); {len(upward)} upward import(s); "
+          f"{len(edges)} compat import(s) or foreign assignment(s)")
+    return 1 if upward or cycles or edges else 0
 
 
 if __name__ == "__main__":

@@ -106,12 +106,9 @@ def test_bad_calls_are_error_observations():
 
 
 def _agent(tiny_qwen2, script, tools="tests.test_agent_tools:TOOLS", **agent_kw):
-    from rlvr.agents.hooks import Agent
-    from rlvr.runtime.build import load_tokenizer
     from rlvr.config import Config
-    from rlvr.data.dataset import DataSource, PromptRecord
-    from rlvr.rewards import Grader, RewardConfig
-    from rlvr.rollout.rollout import Rollout
+    from rlvr.data.dataset import PromptRecord
+    from rlvr.runtime.build import load_tokenizer, make_rollout
 
     tok = load_tokenizer(str(tiny_qwen2))
     engine = ScriptedEngine(tok, script)
@@ -122,9 +119,7 @@ def _agent(tiny_qwen2, script, tools="tests.test_agent_tools:TOOLS", **agent_kw)
         setattr(cfg.agent, k, v)
     cfg.rollout.n_samples_per_prompt, cfg.rollout.rollout_max_response_len = 2, 2000
     records = [PromptRecord(prompt="What is 12*34?", label="408", metadata={}, index=0)]
-    rollout = Rollout(cfg.rollout, engine, tok, DataSource(records, shuffle=False), Grader(RewardConfig()),
-                      apply_chat_template=True)
-    rollout.agent = Agent(cfg, engine, tok, rollout)
+    rollout = make_rollout(cfg, engine, tok, records)  # as a run builds it: prompts rendered with the tools
     return rollout, engine, tok
 
 
@@ -313,7 +308,7 @@ def _driver(spec: dict) -> None:
     rollout.agent.tools["python"].configure(type("C", (), {"reward": RewardConfig(**spec["limits"])})())
     group = rollout.next_groups(1)[0][:1]
     t = time.monotonic()
-    asyncio.run(rollout.agent.generate_group(group, rollout.sampling_params()))
+    asyncio.run(rollout.agent.generate_group(rollout, group, rollout.sampling_params()))
     s = group[0]
     print(json.dumps({"duration": time.monotonic() - t, "status": s.status.value, "response": s.response,
                       "tool_errors": s.metadata["tool_errors"], "turns": s.metadata["turns"]}), flush=True)

@@ -191,8 +191,7 @@ def test_abort_in_the_middle_of_a_multi_turn_sample_regenerates_it(tiny_qwen2):
                                 partial_rollout=True)
     records = [PromptRecord(prompt="4+4=", label="8", metadata={}, index=0)]
     rollout = Rollout(cfg.rollout, engine, tok, DataSource(records, shuffle=False), Grader(RewardConfig()),
-                      apply_chat_template=True)
-    rollout.agent = Agent(cfg, engine, tok, rollout)
+                      apply_chat_template=True, agent=Agent(cfg, engine, tok))
     group = rollout.next_groups(1)[0]
     params = rollout.sampling_params()
 

@@ -62,3 +62,21 @@ def test_the_check_finds_a_module_outside_the_layers(tmp_path):
 def test_type_checking_imports_do_not_count(tmp_path, line):
     pkg = _plant(tmp_path, {"low/a.py": "from typing import TYPE_CHECKING\n" + line, "top/m.py": ""})
     assert import_cycles.violations(pkg, LAYERS)[:2] == ([], [])
+
+
+def test_the_check_finds_a_compat_import_outside_the_edge_and_a_foreign_assignment(tmp_path):
+    """A role package importing ``rlvr.compat`` and a builder patching a rollout after building it
+    are each reported with file:line; the config and the runtime may import compat, and a
+    package may set its own component's attributes."""
+    pkg = _plant(tmp_path, {"compat/slime.py": "X = 1\n",
+                            "rollout/rollout.py": "def f():\n    from rlvr.compat.slime import X\n\n\n"
+                                                  "def g(rollout):\n    rollout.top_k = 3\n",
+                            "config/parse.py": "from rlvr.compat.slime import X\n",
+                            "runtime/build.py": "from rlvr.compat import slime\n\n\n"
+                                                "def make(c, Rollout):\n    c.rollout.agent = object()\n"
+                                                "    self_made = Rollout()\n    self_made.engine_count = 1\n"})
+    found = import_cycles.edge_violations(pkg)
+    assert len(found) == 2, found
+    assert found[0].startswith("rlvr/rollout/rollout.py:2: rlvr.rollout.rollout imports rlvr.compat.slime")
+    assert found[1] == ("rlvr/runtime/build.py:5: c.rollout.agent (a component of rlvr.rollout): "
+                        "set it through the constructor")

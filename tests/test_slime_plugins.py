@@ -119,7 +119,10 @@ def test_slime_tis_function_sees_flat_tensors_and_weights_the_loss(tmp_path, mon
     cfg = AlgoConfig(use_tis=True, tis_clip=1.5, custom_tis_function_path="slime_tis_mod:clamp_tis")
     lp = torch.tensor([[0.0, -1.0], [-0.5, -0.5]])
     q = torch.tensor([[-1.0, -1.0], [-0.5, 0.0]])
-    loss, m = apply_corrections(torch.ones(2, 2), lp, lp, q, torch.ones(2, 2), torch.ones(2, 2), cfg)
+    from rlvr.runtime.plugins import custom_tis
+
+    tis = custom_tis(cfg)  # the builders' adaptation: what the trainer is given
+    loss, m = apply_corrections(torch.ones(2, 2), lp, lp, q, torch.ones(2, 2), torch.ones(2, 2), cfg, tis)
     expected = torch.exp(lp - q).clamp(max=1.5)  # e^1 clamped to 1.5, 1, 1, e^-0.5
     assert torch.allclose(loss, expected) and torch.allclose(m["w"], expected)
 
@@ -140,7 +143,7 @@ def test_slime_data_source_hands_out_prompts_and_resumes_by_replay(tmp_path, mon
     (tmp_path / "src_mod.py").write_text(PLUGINS)
     monkeypatch.syspath_prepend(str(tmp_path))
     from rlvr.config import Config
-    from rlvr.data.slime_source import slime_data_source
+    from rlvr.runtime.slime_source import slime_data_source
 
     args = SlimeArgs(Config())
     source = slime_data_source("src_mod:CountingSource", args)

@@ -60,11 +60,16 @@ async def _awaited(x):
 
 
 class Agent:
-    """The hooks of one rollout: which function generates a sample, or the whole rollout."""
+    """The hooks of one rollout: which function generates a sample, or the whole rollout.
 
-    def __init__(self, cfg, engine, tokenizer, rollout=None):
+    Complete when built: ``tools`` are the loaded ``--tools`` (the builder loads them once, and
+    renders the prompts with their schemas: ``rlvr.runtime.build.make_rollout``; default: loaded
+    here from the flag). The rollout that calls the agent passes itself with each call (what
+    ``context().rollout`` is), so neither holds the other."""
+
+    def __init__(self, cfg, engine, tokenizer, tools: dict[str, Callable] | None = None):
         a = cfg.agent
-        self.cfg, self.engine, self.tokenizer, self.rollout = cfg, engine, tokenizer, rollout
+        self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
         self.generate_fn: Callable | None = None
         self.rollout_fn = _hook(a.rollout_function_path, "--rollout-function-path")
         # slime's --eval-function-path: the rollout function of evaluation only (default the one above)
@@ -79,7 +84,7 @@ class Agent:
             if a.tools:
                 from rlvr.agents.tools import load_tools, tool_schemas
 
-                self.tools = load_tools(a.tools)
+                self.tools = tools if tools is not None else load_tools(a.tools)
                 if a.tool_executor == "process":  # sync tools in worker processes killed at --tool-timeout
                     from rlvr.agents.tool_runner import ProcessTools
                     from rlvr.agents.tools import check_process_tools
@@ -90,8 +95,6 @@ class Agent:
                     if hasattr(tool, "configure"):  # the python tool takes the --code-* sandbox limits
                         tool.configure(cfg)
                 tools = tool_schemas(self.tools)
-                if rollout is not None:  # prompts are rendered with the tools (the template's tool format)
-                    rollout.chat_template_kwargs = {**(rollout.chat_template_kwargs or {}), "tools": tools}
             # Refuses at start-up a template that is not prefix-preserving for tool/user turns.
             self.turns = ChatTurns(tokenizer, tools, cfg.data.chat_template_kwargs())
         if a.custom_generate_function_path:
@@ -137,31 +140,32 @@ class Agent:
                 self._open_sessions[handle.session] = self.proxy.open(handle, budget)
             return self._open_sessions[handle.session]
 
-    def _context(self, handle: EngineHandle | None) -> AgentContext:
-        return AgentContext(self.cfg, handle, self.tokenizer, self.turns, self.rollout, self)
+    def _context(self, rollout, handle: EngineHandle | None) -> AgentContext:
+        return AgentContext(self.cfg, handle, self.tokenizer, self.turns, rollout, self)
 
     # ---- per sample ---------------------------------------------------------------------------
-    async def generate_group(self, group: list[Sample], params: SamplingParams) -> None:
+    async def generate_group(self, rollout, group: list[Sample], params: SamplingParams) -> None:
         """Run the generate function on every sample of ``group`` that has no finished response
-        (new, or aborted: regenerated from its prompt), concurrently, in place."""
+        (new, or aborted: regenerated from its prompt), concurrently, in place; ``rollout`` is the
+        calling ``Rollout`` (``context().rollout``; None: no per-sample seed)."""
         todo = [i for i, s in enumerate(group) if not s.response_ids or s.status == Status.ABORTED]
         for i in todo:
             if group[i].response_ids:
                 group[i].metadata["agent_regenerated"] = group[i].metadata.get("agent_regenerated", 0) + 1
             reset(group[i])  # also an aborted sample that had no token yet: status back to COMPLETED
-        done = await asyncio.gather(*(self._one(group[i], params) for i in todo))
+        done = await asyncio.gather(*(self._one(rollout, group[i], params) for i in todo))
         for i, s in zip(todo, done):
             group[i] = s
 
-    async def _one(self, s: Sample, params: SamplingParams) -> Sample:
+    async def _one(self, rollout, s: Sample, params: SamplingParams) -> Sample:
         """One sample through the generate function. A failure of the function (it raised, or
         returned a bad sample: ``rlvr.agents.contract``) fails this sample only; a ConfigError
         (a setting every sample would trip over) stops the run."""
         handle = EngineHandle(self.engine, self.tokenizer, session=s.uid or f"i{s.index}")
-        token = _CONTEXT.set(self._context(handle))
+        token = _CONTEXT.set(self._context(rollout, handle))
         try:
-            if self.rollout is not None:  # the sample's own seed (its turns: EngineHandle), by identity
-                params = dataclasses.replace(params, seed=request_seed(self.rollout.sample_seed(s),
+            if rollout is not None:  # the sample's own seed (its turns: EngineHandle), by identity
+                params = dataclasses.replace(params, seed=request_seed(rollout.sample_seed(s),
                                                                        s.metadata.get("agent_regenerated", 0)))
             out = await call_maybe_async(self.generate_fn, self.cfg, s, sampling_dict(params))
             if handle.session in self._open_sessions and isinstance(out, Sample) and not out.response_ids:
@@ -192,9 +196,10 @@ class Agent:
             check_failure_limit(samples, what, self.cfg.agent.agent_failure_limit, self.failures.where)
 
     # ---- the whole rollout --------------------------------------------------------------------
-    def run_rollout(self, rollout_id: int | None, data_source, evaluation: bool = False):
-        """(groups, metrics) from ``--rollout-function-path``, its ungraded samples graded."""
-        token = _CONTEXT.set(self._context(None))
+    def run_rollout(self, rollout, rollout_id: int | None, data_source, evaluation: bool = False):
+        """(groups, metrics) from ``--rollout-function-path``, its ungraded samples graded by
+        ``rollout``'s grader (``rollout``: the calling ``Rollout``, ``context().rollout``)."""
+        token = _CONTEXT.set(self._context(rollout, None))
         try:  # a plain function runs outside any event loop (slime's runs its own, as this one may)
             fn = self.eval_fn if evaluation else self.rollout_fn
             out = fn(self.cfg, rollout_id, data_source, evaluation=evaluation)
@@ -207,7 +212,7 @@ class Agent:
 
         async def grade():
             ungraded = [[s for s in g if s.reward is None] for g in groups]
-            await asyncio.gather(*(self.rollout.grader.grade_group(g) for g in ungraded if g))
+            await asyncio.gather(*(rollout.grader.grade_group(g) for g in ungraded if g))
 
         asyncio.run(grade())
         for g in groups:

@@ -18,7 +18,7 @@ computes in its output layer and passes as ``exact_kl``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import Tensor
@@ -43,6 +43,7 @@ def actor_loss(
     cfg: AlgoConfig,
     head: SamplerHead | None = None,
     exact_kl: Tensor | None = None,
+    tis_fn: Callable | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The per-token loss to minimise for the policy, and its per-token metrics.
 
@@ -50,7 +51,8 @@ def actor_loss(
     position, ``old_log_probs`` p0, ``rollout_log_probs`` q (read by TIS only), ``advantages``,
     ``loss_mask`` (OPSM and GSPO read it), ``ref_log_probs`` (None: no KL term at all); ``head``: the
     sampler's top-k head, read by ``--use-score-centering`` only (it replaces policy loss and TIS);
-    ``exact_kl`` KL(p_theta || p_ref) summed over the vocabulary (``token_level_kl`` only).
+    ``exact_kl`` KL(p_theta || p_ref) summed over the vocabulary (``token_level_kl`` only);
+    ``tis_fn`` the loaded ``--custom-tis-function-path`` (``apply_corrections``).
     Returns: (loss [B, T], metrics: ``pg_loss``, ``entropy_loss``, the policy loss's
     ``pg_clipfrac`` / ``ppo_kl``, the corrections' metrics, ``kl_loss`` with a reference).
     """
@@ -60,7 +62,7 @@ def actor_loss(
         pg_loss, metrics = POLICY_LOSSES[policy_loss_name(cfg)](log_probs, old_log_probs, advantages, loss_mask, cfg)
     if (cfg.use_tis or cfg.use_opsm) and not cfg.use_score_centering:  # train-inference corrections: p0 / q weights, OPSM
         pg_loss, extra = apply_corrections(pg_loss, log_probs, old_log_probs, rollout_log_probs, advantages,
-                                           loss_mask, cfg)
+                                           loss_mask, cfg, tis_fn)
         metrics |= extra
     loss = pg_loss - cfg.entropy_coef * entropy if cfg.entropy_coef else pg_loss
     metrics = {"pg_loss": pg_loss, "entropy_loss": entropy, **metrics}

@@ -52,6 +52,25 @@ class AdvantageInputs:
 
 AdvantageFn = Callable[[AdvantageInputs, "AlgoConfig"], "tuple[Tensor, Tensor]"]
 
+# train_metadata key: the reward the estimator sees instead of the sample's own, written by a reward
+# post-process that keeps the logged reward apart (slime's post-process: (raw_rewards, rewards)).
+ESTIMATOR_REWARD = "estimator_reward"
+
+
+def estimator_rewards(samples, rewards: Tensor) -> Tensor:
+    """[B] rewards for the estimator: each sample's ``train_metadata[ESTIMATOR_REWARD]`` where a
+    post-process wrote one (it writes every sample's, or none), else ``rewards`` unchanged.
+
+    >>> from rlvr.core.types import Sample
+    >>> s = [Sample(train_metadata={ESTIMATOR_REWARD: 0.5}), Sample(train_metadata={ESTIMATOR_REWARD: -1})]
+    >>> estimator_rewards(s, torch.zeros(2)).tolist()
+    [0.5, -1.0]
+    """
+    if not samples or ESTIMATOR_REWARD not in samples[0].train_metadata:
+        return rewards
+    return torch.tensor([float(s.train_metadata[ESTIMATOR_REWARD]) for s in samples], dtype=torch.float32,
+                        device=rewards.device)
+
 
 @dataclass(frozen=True)
 class Estimator:

@@ -92,11 +92,9 @@ CustomTISFn = Callable[..., "tuple[Tensor, Tensor, Metrics]"]
 
 
 def load_custom_tis_function(path: str) -> CustomTISFn:
-    """Load ``--custom-tis-function-path``: ``"pkg.module:fn"`` or ``"pkg.module.fn"`` (a slime
-    signature, ``fn(args, *, pg_loss, ...)``, is adapted: ``rlvr.compat.slime.plugins.adapt_tis``)."""
-    from rlvr.compat.slime.plugins import adapt_tis
-
-    return adapt_tis(load_function(path, "--custom-tis-function-path"))
+    """Load ``--custom-tis-function-path``: ``"pkg.module:fn"`` or ``"pkg.module.fn"``, as it is
+    (the builders adapt a slime signature, ``fn(args, *, pg_loss, ...)``: ``rlvr.runtime.plugins.custom_tis``)."""
+    return load_function(path, "--custom-tis-function-path")
 
 
 def apply_corrections(
@@ -107,8 +105,12 @@ def apply_corrections(
     advantages: Tensor,
     loss_mask: Tensor,
     cfg: AlgoConfig,
+    tis_fn: CustomTISFn | None = None,
 ) -> tuple[Tensor, Metrics]:
     """OPSM, then TIS / ICE-POP / a custom function, on a per-token ``pg_loss`` [B, T].
+
+    ``tis_fn``: the ``--custom-tis-function-path`` function as loaded by the builders (default:
+    the function the path names, as it is).
 
     Returns the corrected per-token loss (rejected tokens already zeroed, so the caller aggregates
     with the *original* ``loss_mask`` and normaliser, as slime) and per-token metrics:
@@ -130,7 +132,7 @@ def apply_corrections(
     rho = torch.exp(numerator.detach() - rollout_log_probs)
     metrics["tis"], metrics["tis_abs"] = rho, (rho - 1.0).abs()
     if cfg.custom_tis_function_path is not None:
-        fn = load_custom_tis_function(cfg.custom_tis_function_path)
+        fn = tis_fn or load_custom_tis_function(cfg.custom_tis_function_path)
         pg_loss, new_mask, extra = fn(pg_loss, numerator.detach(), rollout_log_probs, loss_mask, cfg)
         metrics.update(extra)
         return pg_loss * new_mask.to(pg_loss.dtype), metrics

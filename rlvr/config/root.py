@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from rlvr.compat.slime.paths import slime_equivalent, slime_path_hint
 from rlvr.config.agent import AgentConfig
 from rlvr.config.algo import AlgoConfig
 from rlvr.config.cluster import ClusterConfig
@@ -38,6 +39,26 @@ GROUPS: dict[str, type] = {
     "cluster": ClusterConfig,
     "agent": AgentConfig,
 }
+
+
+# Fields that name a user function (``pkg.module:fn``) or a registered name.
+PLUGIN_FIELDS = ("custom_generate_function_path", "rollout_function_path", "environment_path",
+                 "custom_advantage_function_path", "custom_tis_function_path", "data_source_path",
+                 "custom_reward_post_process_path", "dynamic_sampling_filter_path", "rollout_sample_filter_path",
+                 "eval_function_path", "custom_rm_path")
+
+
+def check_slime_paths(cfg: Config) -> None:
+    """A plugin flag naming slime's own code (``slime.*``, not installed with rlvr) fails naming
+    rlvr's counterpart; a slime path rlvr has under a name of its own passes (the builders
+    resolve it to that name: ``rlvr.compat.slime.paths.slime_equivalent``)."""
+    for group in GROUPS:
+        for f in fields(getattr(cfg, group)):
+            value = getattr(getattr(cfg, group), f.name)
+            if f.name in PLUGIN_FIELDS and isinstance(value, str) and slime_equivalent(value) is None:
+                hint = slime_path_hint(value)
+                if hint is not None:
+                    raise ConfigError(flag_of(f.name), hint)
 
 
 @dataclass
@@ -78,6 +99,7 @@ class Config:
     def validate(self, rl: bool = True) -> Config:
         """Check every group, then the cross-group rules; ``rl=False`` (SFT) skips the RL-only ones.
         What needs the implementations is checked by ``rlvr.runtime.configure.check``."""
+        check_slime_paths(self)  # before a group tries to import slime's code
         for group in GROUPS:  # each checks its declared bounds (rlvr.config.fields.check_bounds), then its rules
             getattr(self, group).validate()
         if self.data.prompt_data is None:

@@ -57,6 +57,7 @@ MOVED: dict[str, tuple[str, str]] = {
     "rlvr.rewards.config": ("rlvr.config.reward", "import RewardConfig from rlvr.config"),
     "rlvr.distributed.config": ("rlvr.config.cluster", "import ClusterConfig from rlvr.config"),
     "rlvr.distributed.engine_faults": ("rlvr.distributed.engines", "import from rlvr.distributed.engines"),
+    "rlvr.data.slime_source": ("rlvr.runtime.slime_source", "import from rlvr.runtime.slime_source"),
 }
 
 

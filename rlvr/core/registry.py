@@ -21,13 +21,6 @@ from typing import Callable, Generic, Iterator, TypeVar
 
 T = TypeVar("T")
 
-# Other systems' dotted paths: each function maps a path to the rlvr name it stands for
-# (PATH_ALIASES) or to a message naming rlvr's counterpart (PATH_HINTS), None when it does not
-# know the path. rlvr.compat.slime appends slime's when it is imported.
-PATH_ALIASES: list[Callable[[str], str | None]] = []
-PATH_HINTS: list[Callable[[str], str | None]] = []
-
-
 class Registry(Generic[T]):
     """A name -> object table. Unknown names fail with the valid list; duplicates fail."""
 
@@ -124,9 +117,8 @@ def load_object(path: str, flag: str, example: str = "pkg.module:function"):
     try:
         module = import_user_module(module_name)
     except ImportError as e:
-        hint = next((h for f in PATH_HINTS if (h := f(path))), None)  # e.g. slime's modules
         where = f" (looked in the installed packages and in {', '.join(user_workdirs())})" if e.name == module_name else ""
-        raise ConfigError(flag, hint or f"cannot import module {module_name!r} from {path!r}: {e}{where}") from e
+        raise ConfigError(flag, f"cannot import module {module_name!r} from {path!r}: {e}{where}") from e
     if not hasattr(module, attr):
         raise ConfigError(flag, f"module {module_name!r} ({getattr(module, '__file__', '?')}) has no {attr!r}")
     return getattr(module, attr)
@@ -145,10 +137,12 @@ def load_function(path: str, flag: str) -> Callable:
     return fn
 
 
-def resolve(registry: Registry[T], name_or_path: str, flag: str) -> T:
-    """A registered name, or else a dotted path to a user function (slime's path of a function
-    rlvr registers under a name, e.g. its nonzero-std filter, is that name)."""
-    name_or_path = next((a for f in PATH_ALIASES if (a := f(name_or_path))), name_or_path)
+def resolve(registry: Registry[T], name_or_path: str, flag: str,
+            alias: Callable[[str], str | None] | None = None) -> T:
+    """A registered name, or else a dotted path to a user function. ``alias`` maps another
+    system's path to the registered name it stands for (None: not one of its paths); the
+    builders pass slime's (``rlvr.compat.slime.paths.slime_equivalent``)."""
+    name_or_path = (alias(name_or_path) if alias is not None else None) or name_or_path
     if name_or_path in registry:
         return registry[name_or_path]
     if "." not in name_or_path and ":" not in name_or_path:

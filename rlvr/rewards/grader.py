@@ -108,18 +108,18 @@ def _is_async(fn: Callable) -> bool:
 class Grader:
     """Grades samples with the configured reward; see the module docstring for the guarantees."""
 
-    def __init__(self, cfg: RewardConfig, args=None):
-        """``args``: what a slime-signature ``--custom-rm-path`` reward gets as its ``args``
-        (``rlvr.compat.slime.plugins.SlimeArgs``; default the reward settings only)."""
+    def __init__(self, cfg: RewardConfig, custom: Callable | None = None):
+        """``custom``: the ``--custom-rm-path`` function as rlvr calls it, ``f(sample)`` (or
+        ``f(samples)`` with ``--group-rm``); the builders pass a slime-signature reward adapted
+        (``rlvr.runtime.plugins.custom_reward``). Default: the function the path names, as it is."""
         from rlvr.core.registry import load_function
-        from rlvr.compat.slime.plugins import SlimeArgs, adapt_reward
 
         check_reward_config(cfg)  # the one place the reward settings are checked (also for score/grade)
         self.cfg = cfg
         self.group_fn: Callable | None = None
         self.parts: dict[str, tuple[Callable, float]] = {}
         if cfg.custom_rm_path is not None:
-            fn = adapt_reward(load_function(cfg.custom_rm_path, "--custom-rm-path"), args or SlimeArgs(cfg))
+            fn = custom or load_function(cfg.custom_rm_path, "--custom-rm-path")
             if cfg.group_rm:
                 self.group_fn = fn
             else:

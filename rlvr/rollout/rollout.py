@@ -30,6 +30,7 @@ import dataclasses
 import logging
 import statistics
 import time
+from typing import Callable
 
 import torch
 
@@ -39,16 +40,33 @@ from rlvr.data.dataset import DataSource, PromptRecord, render_prompt
 from rlvr.engine.base import Engine, GenerateRequest, GenerateResult, SamplingParams
 from rlvr.engine.sampling import request_seed
 from rlvr.observe.rollout_metrics import pass_rates, rollout_metrics
-from rlvr.core.registry import resolve
-from rlvr.rewards.grader import Grader
-from rlvr.rollout.filters import FILTERS
-from rlvr.rollout.postprocess import POST_PROCESS
-from rlvr.compat.slime.plugins import SlimeArgs, adapt_filter, adapt_post_process
 from rlvr.core.types import RolloutBatch, Sample, Status
+from rlvr.rewards.grader import Grader
 
 log = logging.getLogger(__name__)
 
 _FINISH_STATUS = {"stop": Status.COMPLETED, "length": Status.TRUNCATED, "abort": Status.ABORTED}
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutPlugins:
+    """The user functions a rollout calls, as rlvr calls them (the builders resolve the flags'
+    names and paths, and adapt slime-signature functions: ``rlvr.runtime.plugins``)."""
+
+    group_filter: Callable[[list[Sample]], bool] | None = None  # --dynamic-sampling-filter-path
+    post_process: Callable[[list[Sample], object], None] | None = None  # --custom-reward-post-process-path
+    sample_filter: Callable[[list[list[Sample]]], object] | None = None  # --rollout-sample-filter-path
+
+    def check(self, cfg: RolloutConfig) -> None:
+        """A flag that names a function whose callable is missing fails here, not silently later."""
+        for flag, path, fn in (("--dynamic-sampling-filter-path", cfg.dynamic_sampling_filter_path, self.group_filter),
+                               ("--custom-reward-post-process-path", cfg.custom_reward_post_process_path,
+                                self.post_process),
+                               ("--rollout-sample-filter-path", cfg.rollout_sample_filter_path, self.sample_filter)):
+            if path is not None and fn is None:
+                raise ValueError(f"{flag} {path} is set but the Rollout was built without its function: build it "
+                                 "with rlvr.runtime.build.make_rollout, or pass plugins=rlvr.runtime.plugins."
+                                 "rollout_plugins(cfg)")
 
 
 class Rollout:
@@ -62,31 +80,25 @@ class Rollout:
         apply_chat_template: bool = False,
         chat_template_kwargs: dict | None = None,
         agent=None,
-        slime_args=None,
         seed: int = 0,
         deterministic: bool = False,
+        plugins: RolloutPlugins | None = None,
+        top_logprobs_num: int = 0,
     ):
+        """``plugins``: the user functions the flags name, resolved (``rlvr.runtime.plugins``);
+        ``agent``: the custom generate / rollout functions (``rlvr.agents.hooks.Agent``);
+        ``top_logprobs_num``: q's top-k the engine returns with every token (--use-score-centering)."""
         self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
         self.data_source, self.grader = data_source, grader
         self.seed, self.deterministic = seed, deterministic  # --seed, --deterministic-mode (module docstring)
         self.apply_chat_template, self.chat_template_kwargs = apply_chat_template, chat_template_kwargs
-        # What slime-signature plugins get as ``args`` (rlvr.compat.slime.plugins; default: the rollout settings)
-        self.slime_args = slime_args or SlimeArgs(cfg)
-        self.group_filter = (
-            adapt_filter(resolve(FILTERS, cfg.dynamic_sampling_filter_path, "--dynamic-sampling-filter-path"),
-                         self.slime_args)
-            if cfg.dynamic_sampling_filter_path
-            else None
-        )
-        self.post_process = (
-            adapt_post_process(resolve(POST_PROCESS, cfg.custom_reward_post_process_path,
-                                       "--custom-reward-post-process-path"), self.slime_args)
-            if cfg.custom_reward_post_process_path
-            else None
-        )
+        plugins = plugins or RolloutPlugins()
+        plugins.check(cfg)
+        self.group_filter, self.post_process, self.sample_filter = (plugins.group_filter, plugins.post_process,
+                                                                    plugins.sample_filter)
         self._prompt_cache: dict[str, tuple[str, list[int]]] = {}
-        self.agent = agent  # rlvr.agents.hooks.Agent: custom generate / rollout functions
-        self.top_logprobs_num = 0  # --use-score-centering: the engine returns q's top-k with every token
+        self.agent = agent
+        self.top_logprobs_num = top_logprobs_num
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         self.stop_ids = tuple(dict.fromkeys(eos + list(cfg.rollout_stop_token_ids)))  # --rollout-stop-token-ids
         self.stop = tuple(cfg.rollout_stop)  # --rollout-stop strings
@@ -96,7 +108,7 @@ class Rollout:
         t0 = time.perf_counter()
         cfg = self.cfg
         if self.agent is not None and self.agent.rollout_fn is not None:  # --rollout-function-path
-            groups, metrics = self.agent.run_rollout(rollout_id, self.data_source)
+            groups, metrics = self.agent.run_rollout(self, rollout_id, self.data_source)
             return self.make_batch(rollout_id, check_groups(groups, cfg), time.perf_counter() - t0, metrics)
         # Sample groups until enough pass the dynamic-sampling filter (one round without a filter);
         # groups still in flight then are aborted (and buffered with --partial-rollout).
@@ -127,8 +139,8 @@ class Rollout:
         if self.post_process is not None:
             self.post_process(samples, self.tokenizer)
         out = rollout_metrics(samples, n, prefix="rollout/")
-        if self.cfg.rollout_sample_filter_path is not None:
-            out["rollout/removed_samples"] = float(remove_samples(self.cfg.rollout_sample_filter_path, self.slime_args, groups))
+        if self.sample_filter is not None:
+            out["rollout/removed_samples"] = float(remove_samples(self.sample_filter, groups))
         if self.cfg.log_passrate:
             out |= {f"passrate/{k}": v for k, v in pass_rates([s.scalar_reward() for s in samples], n).items()}
         out["perf/rollout_time"] = elapsed
@@ -162,7 +174,7 @@ class Rollout:
         if self.agent is not None and self.agent.eval_fn is not None:  # --eval-function-path / --rollout-function-path
             from rlvr.agents.hooks import EvalData
 
-            groups, _ = self.agent.run_rollout(None, EvalData(name, records, cfg.n_samples_per_eval_prompt), True)
+            groups, _ = self.agent.run_rollout(self, None, EvalData(name, records, cfg.n_samples_per_eval_prompt), True)
             samples = [s for g in groups for s in g]
         else:
             samples = self._sample(records, cfg.n_samples_per_eval_prompt, params, shape=False, name=name)
@@ -322,7 +334,7 @@ class Rollout:
         A group from the partial-rollout buffer continues its aborted samples (prompt + response
         so far, the remaining length budget); its finished samples are kept as they are."""
         if self._agent_generates():
-            await self.agent.generate_group(group, params)
+            await self.agent.generate_group(self, group, params)
         else:
             await self._generate_groups([group], params)
         await self._grade_group(group, shape)
@@ -397,13 +409,11 @@ class Rollout:
                 s.reward = float(s.reward) + penalty
 
 
-def remove_samples(path: str, args, groups: list[list[Sample]]) -> int:
-    """slime's ``--rollout-sample-filter-path``: ``fn(args, groups)`` sets ``remove_sample = True``
-    on samples that must not train; those get loss mask 0 (they stay in the batch, so group
-    statistics are unchanged, as in slime). Returns how many were removed."""
-    from rlvr.core.registry import load_function
-
-    load_function(path, "--rollout-sample-filter-path")(args, groups)
+def remove_samples(sample_filter: Callable[[list[list[Sample]]], object], groups: list[list[Sample]]) -> int:
+    """``--rollout-sample-filter-path`` (slime's, adapted: ``sample_filter(groups)``) sets
+    ``remove_sample = True`` on samples that must not train; those get loss mask 0 (they stay in
+    the batch, so group statistics are unchanged, as in slime). Returns how many were removed."""
+    sample_filter(groups)
     removed = 0
     for s in (s for g in groups for s in g):
         if getattr(s, "remove_sample", False):

@@ -23,8 +23,8 @@ from rlvr.core.determinism import use_deterministic_mode
 from rlvr.core.errors import ConfigError
 from rlvr.rewards.grader import Grader
 from rlvr.rollout.rollout import Rollout
-from rlvr.compat.slime.plugins import SlimeArgs
-from rlvr.data.slime_source import slime_data_source
+from rlvr.runtime import plugins
+from rlvr.runtime.slime_source import slime_data_source
 from rlvr.train.teacher import teacher_of
 from rlvr.train.trainer import Trainer
 
@@ -95,12 +95,12 @@ def make_trainer(cfg: Config, parallel=None, device=None) -> Trainer:
 
     if cfg.run.deterministic_mode:  # before the trainer's first CUDA call (rlvr.core.determinism)
         use_deterministic_mode()
-    return Trainer(cfg.train, cfg.algo, temperature=cfg.rollout.rollout_temperature,
+    return Trainer(cfg.train, plugins.trainer_algo(cfg), temperature=cfg.rollout.rollout_temperature,
                    global_batch_size=cfg.global_batch_size, n_samples_per_prompt=cfg.rollout.n_samples_per_prompt,
                    total_steps=cfg.run.num_rollout * cfg.steps_per_rollout, parallel=parallel,
                    teacher=teacher_of(cfg.algo, cfg.reward, cfg.train),
                    device=device if device is not None else resolve(cfg.cluster.device),
-                   lora_sync_merged=lora_engines_merge(cfg))
+                   lora_sync_merged=lora_engines_merge(cfg), custom_tis=plugins.custom_tis(cfg.algo))
 
 
 def lora_engines_merge(cfg: Config) -> bool:
@@ -112,23 +112,26 @@ def lora_engines_merge(cfg: Config) -> bool:
 
 
 def make_rollout(cfg: Config, engine, tokenizer, records) -> Rollout:
-    d = cfg.data
-    args = SlimeArgs(cfg)  # slime-signature plugins get the whole config as ``args``, as in slime
+    """The rollout, complete: its data source, grader, plugins and agent, prompts rendered with
+    the chat template's options (and ``--tools``' schemas)."""
+    d, a = cfg.data, cfg.agent
+    args = plugins.slime_args(cfg)  # what slime-signature plugins get as ``args``
     source = (slime_data_source(d.data_source_path, args) if d.data_source_path  # slime's DataSource class
               else DataSource(records, shuffle=d.rollout_shuffle, seed=d.rollout_seed))
-    rollout = Rollout(cfg.rollout, engine, tokenizer, source,
-                      Grader(cfg.reward, args), apply_chat_template=d.apply_chat_template,
-                      chat_template_kwargs=d.chat_template_kwargs(), slime_args=args, seed=cfg.train.seed,
-                      deterministic=cfg.run.deterministic_mode)
-    a = cfg.agent
-    # multi-turn hooks get the whole config, as slime's
+    template_kwargs, agent = d.chat_template_kwargs(), None
     if a.per_sample or a.rollout_function_path or cfg.eval.eval_function_path:
         from rlvr.agents.hooks import Agent
+        from rlvr.agents.tools import load_tools, tool_schemas
 
-        rollout.agent = Agent(cfg, engine, tokenizer, rollout)
-    if cfg.algo.use_score_centering:  # the sampler's head the SC loss reads
-        rollout.top_logprobs_num = cfg.algo.score_centering_top_k
-    return rollout
+        tools = load_tools(a.tools) if a.tools else None
+        if tools:  # prompts are rendered with the tools (the template's tool format)
+            template_kwargs = {**(template_kwargs or {}), "tools": tool_schemas(tools)}
+        agent = Agent(cfg, engine, tokenizer, tools=tools)  # multi-turn hooks get the whole config, as slime's
+    return Rollout(cfg.rollout, engine, tokenizer, source, Grader(cfg.reward, plugins.custom_reward(cfg.reward, args)),
+                   apply_chat_template=d.apply_chat_template, chat_template_kwargs=template_kwargs, agent=agent,
+                   seed=cfg.train.seed, deterministic=cfg.run.deterministic_mode,
+                   plugins=plugins.rollout_plugins(cfg.rollout, args),
+                   top_logprobs_num=cfg.algo.score_centering_top_k if cfg.algo.use_score_centering else 0)
 
 
 def build_engine(cfg: Config, model, tokenizer):

@@ -25,6 +25,7 @@ from rlvr.algo.corrections import TIS_MODES
 from rlvr.algo.kl import kl_loss_types
 from rlvr.algo.policy_loss import POLICY_LOSSES
 from rlvr.config import AgentConfig, AlgoConfig, Config, DataConfig, EvalConfig, RolloutConfig, TrainConfig
+from rlvr.compat.slime.paths import slime_equivalent
 from rlvr.config.fields import Names, choices_of, flag_of
 from rlvr.config.parse import build_config, given_values
 from rlvr.config.parse import make_parser as config_parser
@@ -72,7 +73,7 @@ def check_rollout(rollout: RolloutConfig) -> None:
     ):
         if value is not None:
             try:
-                resolve(registry, value, flag)
+                resolve(registry, value, flag, alias=slime_equivalent)
             except KeyError as e:
                 raise ConfigError(flag, str(e.args[0])) from None
 

@@ -65,12 +65,12 @@ from rlvr.algo import (
     masked_mean,
     masked_whiten,
 )
+from rlvr.algo.advantages import estimator_rewards
 from rlvr.algo.score_centering import head_rollout_log_probs, split_heads
 from rlvr.algo.kl import TOKEN_LEVEL_KL
 from rlvr.algo.opd import opd_advantages
 from rlvr.config import TrainConfig
 from rlvr.observe.rollout_data import rollout_data_metrics, slime_rewards
-from rlvr.compat.slime.plugins import estimator_rewards
 from rlvr.core.device import trim_host_heap
 from rlvr.core.testing import hook_loss, trainer_seam
 from rlvr.train import lora, routing_replay
@@ -166,9 +166,9 @@ class Trainer:
         layout: Layout = Layout(),  # noqa: B008 (Layout is frozen)
         teacher=None,
         device: torch.device | str = "cpu",
-        lora_sync_merged: bool = False,
+        lora_sync_merged: bool = False, custom_tis=None,  # custom_tis: --custom-tis-function-path, loaded
     ):
-        self.cfg, self.algo = train, algo
+        self.cfg, self.algo, self.custom_tis = train, algo, custom_tis  # (the builders: rlvr.runtime.plugins)
         self.total_steps = total_steps  # optimizer steps in the run, for the LR schedule
         self.temperature = temperature
         self.global_batch_size = global_batch_size
@@ -327,7 +327,7 @@ class Trainer:
         from the registered estimator."""
         algo, samples = self.algo, batch.samples
         rewards = torch.tensor([s.scalar_reward() for s in samples], dtype=torch.float32, device=self.device)
-        rewards, algo = estimator_rewards(samples, rewards, algo)  # a slime post-process's rewards, if any
+        rewards = estimator_rewards(samples, rewards)  # a reward post-process's rewards for the estimator, if any
         inputs = AdvantageInputs(rewards, batch.mask, self.n_samples_per_prompt,
                                  log_probs=None if batch.p0_in_loss else batch.old_log_probs,
                                  ref_log_probs=batch.ref_log_probs, values=batch.values,
@@ -358,7 +358,7 @@ class Trainer:
                 batch.old_log_probs[mb] = lp.detach()
             ref_lp = batch.ref_log_probs[mb] if batch.ref_log_probs is not None else None
             return actor_loss(lp, ent, batch.old_log_probs[mb], batch.rollout_log_probs[mb], batch.advantages[mb],
-                              batch.mask[mb], ref_lp, self.algo, head, exact_kl=exact_kl)
+                              batch.mask[mb], ref_lp, self.algo, head, exact_kl=exact_kl, tis_fn=self.custom_tis)
 
         kl_ref = batch.ref_states.for_micro_batch if batch.ref_states is not None else None
         step_metrics = self._policy_step(rollout_id, batch.samples, mbs, batch.mask, per_token, denominator, loss,

@@ -1,7 +1,9 @@
 """slime's dotted paths: the ones rlvr has under a name of its own, and where the others live.
 
-``rlvr.compat.slime`` hands ``slime_equivalent`` and ``slime_path_hint`` to the registry
-(``rlvr.core.registry.PATH_ALIASES`` / ``PATH_HINTS``) when it is imported.
+The builders and the config check pass ``slime_equivalent`` to the registries' lookups
+(``rlvr.core.registry.resolve(..., alias=slime_equivalent)``); the config check
+(``rlvr.config.root.check_slime_paths``) fails on the other ``slime.*`` paths with
+``slime_path_hint``'s message.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ SLIME_PREFIXES = {
                                 "DynamicFilterOutput from rlvr.compat.slime.plugins",
     "slime.rollout.sglang_rollout": "the default rollout: drop the flag (rlvr.rollout.rollout), or "
                                     "--custom-generate-function-path for one sample's generation",
-    "slime.utils.types": "rlvr.core.types (Sample, Status)",
+    "slime.utils.types": "rlvr.api (Sample, Status; defined in rlvr.core.types)",
     "slime.backends.megatron_utils.loss": "rlvr.algo (policy losses, TIS: --use-tis --tis-mode icepop, estimators)",
     "slime.rollout.data_source": "rlvr.data.dataset.DataSource (not replaceable yet: docs/slime_flags.md)",
     "slime": "rlvr's counterpart listed in docs/slime_flags.md",

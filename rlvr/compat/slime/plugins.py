@@ -36,10 +36,7 @@ from __future__ import annotations
 import functools
 import inspect
 from dataclasses import dataclass, fields, is_dataclass
-from typing import TYPE_CHECKING, Any, Callable
-
-if TYPE_CHECKING:
-    import torch
+from typing import Any, Callable
 
 # slime names rlvr spells as the negation of one of its own fields
 _NEGATED = {"rewards_normalization": "disable_rewards_normalization",
@@ -143,12 +140,10 @@ def adapt_filter(fn: Callable, args: SlimeArgs) -> Callable:
 
 
 # ---- reward post-process --------------------------------------------------------------------
-POST_PROCESSED_REWARD = "slime_post_processed_reward"  # train_metadata key: the reward the estimator sees
-
-
-def adapt_post_process(fn: Callable, args: SlimeArgs) -> Callable:
+def adapt_post_process(fn: Callable, args: SlimeArgs, key: str) -> Callable:
     """``f(args, samples) -> (raw_rewards, rewards)`` as rlvr's ``f(samples, tokenizer)``: each
-    sample's ``rewards[i]`` goes to ``train_metadata`` for the estimator (``estimator_rewards``)."""
+    sample's ``rewards[i]`` goes to ``train_metadata[key]``, the reward the estimator sees
+    (``rlvr.algo.advantages.ESTIMATOR_REWARD``); the logged reward stays the raw one."""
     if not is_slime_style(fn):
         return fn
 
@@ -158,22 +153,26 @@ def adapt_post_process(fn: Callable, args: SlimeArgs) -> Callable:
             raise ValueError(f"--custom-reward-post-process-path {fn.__module__}.{fn.__name__} must return "
                              f"(raw_rewards, rewards), one of each per sample ({len(samples)})")
         for s, r in zip(samples, out[1]):
-            s.train_metadata[POST_PROCESSED_REWARD] = float(r)
+            s.train_metadata[key] = float(r)
 
     return functools.wraps(fn)(post_process)
 
 
-def estimator_rewards(samples, rewards: torch.Tensor, algo):
-    """(rewards, algo config) for the advantage estimator: a slime post-process's rewards when it
-    ran (already normalised as the plugin wished: group normalisation off), else unchanged."""
-    if not samples or POST_PROCESSED_REWARD not in samples[0].train_metadata:
-        return rewards, algo
+def post_processed_algo(algo, fn: Callable):
+    """The algo group the estimator runs with: a slime post-process (``fn``) hands it finished
+    rewards, already normalised as the plugin wished, so group normalisation is off; any other
+    ``fn`` (or None) leaves ``algo`` as it is."""
+    if fn is None or not is_slime_style(fn):
+        return algo
     import dataclasses
 
-    import torch
+    return dataclasses.replace(algo, disable_rewards_normalization=True)
 
-    post = torch.tensor([float(s.train_metadata[POST_PROCESSED_REWARD]) for s in samples], dtype=torch.float32)
-    return post, dataclasses.replace(algo, disable_rewards_normalization=True)
+
+# ---- sample filter ---------------------------------------------------------------------------
+def adapt_sample_filter(fn: Callable, args: SlimeArgs) -> Callable:
+    """slime's ``--rollout-sample-filter-path`` ``f(args, groups)`` as ``f(groups)``."""
+    return functools.wraps(fn)(lambda groups: fn(args, groups))
 
 
 # ---- custom TIS -----------------------------------------------------------------------------
