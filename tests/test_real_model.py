@@ -5,9 +5,9 @@ scale (30 layers, vocabulary 49,152), its trained weights (peaked next-token dis
 tied embeddings at that size, or its chat template, whose end-of-turn token ``<|im_end|>`` is
 both eos and pad. These tests check on it: packed log-probs against one sample at a time, the
 engine's sampled log-probs against the trainer's, stopping at ``<|im_end|>`` as HF ``generate``
-does, embeddings and output head still one tensor after a weight sync, and two rollouts of
-``rlvr train``. They skip, saying so, when the converted checkpoint is absent (``make test``
-builds it first).
+does, embeddings and output head still one tensor after a weight sync, and the README's quick
+start as printed (two rollouts of ``rlvr train``, then ``rlvr plot``). They skip, saying so, when
+the converted checkpoint is absent (``make test`` builds it first).
 
 Tolerances are float32's on a 30-layer model: summation order differs between a packed forward
 and one sample alone, and between the engine's cached decoding and one full forward.
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ from rlvr.engine.base import GenerateRequest, SamplingParams
 from rlvr.engine.embedded import EmbeddedEngine
 from rlvr.core.types import Sample
 
+ROOT = Path(__file__).resolve().parents[1]
 MODEL = Path(os.environ.get("RLVR_SMOLLM2", "models/smollm2-135m-instruct"))
 pytestmark = [
     pytest.mark.real,
@@ -143,25 +146,37 @@ def test_tied_embeddings_stay_tied_after_a_weight_sync(smol):
         engine.close()
 
 
-@pytest.mark.slow
-def test_two_rollouts_of_rlvr_train(tmp_path, monkeypatch):
-    from rlvr.entrypoints.cli import main
-    from rlvr.data.chat_arith import write_splits
+def readme_quick_start() -> str:
+    """The shell block of the README's "Quick start on a real model", as printed."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Quick start on a real model"):]
+    return section[section.index("```bash\n") + len("```bash\n"):section.index("\n```")]
 
-    monkeypatch.setattr("rlvr.runtime.loop.plot_runs", lambda *a, **k: None)  # ~4 s of matplotlib
-    files = write_splits(tmp_path / "data", family="add2", wording="compute", n_test=8, n_val=8)
-    out = tmp_path / "run"
-    code = main(["train", "--hf-checkpoint", str(MODEL), "--prompt-data", str(files["train"]),
-                 "--apply-chat-template", "--rm-type", "math", "--rollout-batch-size", "2",
-                 "--n-samples-per-prompt", "4", "--rollout-max-response-len", "12", "--num-rollout", "2",
-                 "--lr", "1e-5", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "1024",
-                 "--eval-prompt-data", "val", str(files["val"]), "--output-dir", str(out)])
-    assert code == 0
+
+@pytest.mark.slow
+def test_the_readme_quick_start_runs_as_printed(tmp_path):
+    """The README's quick start in a fresh directory, as printed but for: `make smollm2` (this
+    module runs only where its checkpoint is), the venv's `rlvr` (this interpreter's), the model's
+    path (absolute) and 2 rollouts instead of 10. Two optimizer steps, evaluations at 0 and 2 on the
+    eval file the block writes, sampled responses kept, and the plot written."""
+    block = readme_quick_start()
+    edits = {"make smollm2 ": "# make smollm2 ", ".venv/bin/rlvr ": f"{sys.executable} -m rlvr ",
+             "models/smollm2-135m-instruct ": f"{MODEL.resolve()} ", "--num-rollout 10 ": "--num-rollout 2 "}
+    for old, new in edits.items():
+        assert old in block, f"the README's quick start no longer has {old!r}: update this test with it"
+        block = block.replace(old, new)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+    r = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=840)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = tmp_path / "runs" / "mine"
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "train/step" in r]
     assert [r["train/step"] for r in train] == [1, 2]
     assert all(v is not None for r in train for v in r.values()), train  # no NaN / inf
-    assert [r["eval/step"] for r in records if "eval/step" in r] == [0, 2]
+    evals = [r for r in records if "eval/step" in r]
+    assert [r["eval/step"] for r in evals] == [0, 2] and all(0 <= r["eval/my_eval/score"] <= 1 for r in evals)
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert {s["rollout_id"] for s in samples} == {0, 1}  # a few responses of each rollout are kept
     assert all(s["response"] and "<|im_end|>" not in s["response"] for s in samples)
+    assert (out / "curves.png").stat().st_size > 10_000  # rlvr plot's dashboard
