@@ -142,19 +142,6 @@ class RolloutManager:
         return list(self.engines.actors)
 
 
-class _Remote:
-    """A driver-side stand-in whose methods are calls to the manager (``data_source``, ``engine``)."""
-
-    def __init__(self, manager, **methods: str):
-        self._manager, self._methods = manager, methods
-
-    def __getattr__(self, name: str):
-        if name.startswith("_") or name not in self._methods:
-            raise AttributeError(name)
-        method = getattr(self._manager, self._methods[name])
-        return lambda *args: get_one(method.remote(*args))
-
-
 class RayRollout:
     """The loop's rollout in Ray mode."""
 
@@ -162,8 +149,6 @@ class RayRollout:
         self.cfg = cfg
         self.manager = ray.remote(RolloutManager).options(num_cpus=0).remote(cfg, pg, p, cwd)
         self.num_engines = 0
-        self.data_source = _Remote(self.manager, state_dict="data_source_state", load_state_dict="load_data_source_state")
-        self.engine = _Remote(self.manager, rng_state="rng_state", set_rng_state="set_rng_state")
         self.last_checksums: list[str | None] = []
 
     def setup(self) -> None:
@@ -201,6 +186,19 @@ class RayRollout:
 
     def health(self) -> list[bool]:
         return get_one(self.manager.health.remote())
+
+    def data_state(self) -> dict:
+        return get_one(self.manager.data_source_state.remote())
+
+    def load_data_state(self, state: dict) -> None:
+        get_one(self.manager.load_data_source_state.remote(state))
+
+    def rng_state(self) -> list[torch.Tensor]:
+        return get_one(self.manager.rng_state.remote())
+
+    def set_rng_state(self, states: list[torch.Tensor] | None) -> None:
+        if states is not None:
+            get_one(self.manager.set_rng_state.remote(states))
 
     def close(self) -> None:
         ray.kill(self.manager)

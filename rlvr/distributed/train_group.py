@@ -192,16 +192,22 @@ class RayTrainer:
         self.guard.streak[:] = [tuple(s) for s in streak]
         return extra
 
-    @property
-    def model(self):
-        """The current policy as a local HF model (``--save-hf``): rank 0's weights, fetched once."""
+    def save_hf(self, tokenizer, directory: str | Path) -> Path:
+        """The current policy as a plain HF checkpoint (``--save-hf``): rank 0's weights, fetched
+        once into a model on the driver (``TrainerRole.save_hf``)."""
         from transformers import AutoModelForCausalLM
+
+        from rlvr.train.trainer import save_hf
 
         ref = self.weights()
         weights = from_store(get_all([ref.weights, *ref.others])[0])
         model = AutoModelForCausalLM.from_pretrained(self.cfg.train.hf_checkpoint, dtype=torch.float32)
         model.load_state_dict(weights, strict=False)  # tied aliases (lm_head = embeddings) follow
-        return model
+        return save_hf(model, tokenizer, directory)
+
+    def check_bad_steps(self, skipped_path) -> None:
+        """The ranks' guard, as rank 0 reported its streak with the last step (``TrainerRole``)."""
+        self.guard.raise_if_exhausted(skipped_path)
 
     def close(self) -> None:
         for w in self.workers:

@@ -89,14 +89,14 @@ class PipelinedProducer(BatchSource):
     def data_state(self) -> dict:
         with self._cv:
             self._wait_in_engine()
-            return self.rollout.data_source.state_dict()
+            return self.rollout.data_state()
 
     def checkpoint_state(self) -> dict:
         """The data source's state, the made but untrained batches and the next id to generate,
         taken at one moment (module docstring)."""
         with self._cv:
             self._wait_in_engine()
-            return {"data_source": self.rollout.data_source.state_dict(),
+            return {"data_source": self.rollout.data_state(),
                     "pipeline": {"next_id": self._next_id,
                                  "ready": [self._ready[r].to_dict() for r in sorted(self._ready)]}}
 

@@ -157,7 +157,7 @@ class SyncBatches(BatchSource):
         pass
 
     def data_state(self) -> dict:
-        return self.rollout.data_source.state_dict()
+        return self.rollout.data_state()
 
     def pending_groups(self) -> list[list[Sample]]:
         return []
@@ -269,7 +269,7 @@ class AsyncProducer(BatchSource):
         """The data source's state with every untrained group in its buffer: a run resumed from a
         checkpoint taken now generates them again, so none is lost."""
         with self._cv:
-            state = self.rollout.data_source.state_dict()
+            state = self.rollout.data_state()
         return with_untrained(state, self.pending_groups())
 
     def close(self) -> None:
@@ -471,7 +471,7 @@ class RolloutFunctionProducer(BatchSource):
         taken between two calls of the function, so no group it drew is missed."""
         with self._cv:
             pending = self._untrained()
-            state = self.rollout.data_source.state_dict()
+            state = self.rollout.data_state()
         return with_untrained(state, pending)
 
     def _untrained(self) -> list[list[Sample]]:

@@ -103,7 +103,24 @@ class Rollout:
         self.stop_ids = tuple(dict.fromkeys(eos + list(cfg.rollout_stop_token_ids)))  # --rollout-stop-token-ids
         self.stop = tuple(cfg.rollout_stop)  # --rollout-stop strings
 
-    # ---- what the loop calls --------------------------------------------------------------
+    # ---- what the loop calls (rlvr.runtime.roles.RolloutRole) ----------------------------
+    def data_state(self) -> dict:
+        return self.data_source.state_dict()
+
+    def load_data_state(self, state: dict) -> None:
+        self.data_source.load_state_dict(state)
+
+    def rng_state(self):
+        """The engine's sampler state (None for an engine without one: a server keeps its own)."""
+        return self.engine.rng_state() if hasattr(self.engine, "rng_state") else None
+
+    def set_rng_state(self, state) -> None:
+        if state is not None and hasattr(self.engine, "set_rng_state"):
+            self.engine.set_rng_state(state)
+
+    def health(self) -> list[bool]:
+        return [bool(self.engine.health())]
+
     def generate(self, rollout_id: int) -> RolloutBatch:
         t0 = time.perf_counter()
         cfg = self.cfg

@@ -24,9 +24,10 @@ from rlvr.core.errors import ConfigError
 from rlvr.rewards.grader import Grader
 from rlvr.rollout.rollout import Rollout
 from rlvr.runtime import plugins
+from rlvr.runtime.roles import RolloutRole, TrainerRole
 from rlvr.runtime.slime_source import slime_data_source
 from rlvr.train.teacher import teacher_of
-from rlvr.train.trainer import Trainer
+from rlvr.train.trainer import Trainer, save_hf
 
 __all__ = ["Components", "build_engine", "build_local", "check_fits_micro_batch", "embedded_engine", "export_hf",
            "load_tokenizer",
@@ -35,12 +36,13 @@ __all__ = ["Components", "build_engine", "build_local", "check_fits_micro_batch"
 
 @dataclass
 class Components:
-    """What the driver drives. Under ``--ray``, ``rollout`` and ``trainer`` are proxies of actor
-    groups with the same methods (``rlvr.distributed``), and ``close`` stops them."""
+    """What the driver drives: a rollout and a trainer as ``rlvr.runtime.roles`` declares them
+    (local objects, or under ``--ray`` handles of actor groups: ``rlvr.distributed``), and
+    ``close``, which stops them."""
 
     tokenizer: object
-    rollout: Rollout
-    trainer: Trainer
+    rollout: RolloutRole
+    trainer: TrainerRole
     eval_sets: dict[str, list[PromptRecord]]
     close: Callable[[], None] = lambda: None
 
@@ -211,15 +213,6 @@ def check_fits_micro_batch(cfg: Config, records: PromptDataset) -> None:
             f"--rollout-max-response-len {cfg.rollout.rollout_max_response_len}; raise it to at least "
             f"{longest + cfg.rollout.rollout_max_response_len} or lower the response length",
         )
-
-
-def save_hf(model, tokenizer, directory: str | Path) -> None:
-    """A plain HF checkpoint of ``model`` (a LoRA-wrapped policy is written merged)."""
-    from rlvr.train import lora
-
-    merged = lora.merged_weights(model) if lora.has_adapter(model) else None
-    model.save_pretrained(directory, state_dict=merged)
-    tokenizer.save_pretrained(directory)
 
 
 def export_hf(checkpoint: str | Path, out_dir: str | Path, adapter_only: bool = False) -> Path:

@@ -49,8 +49,9 @@ def checkpoint_name(rollout_id: int) -> str:
 
 
 # ---- RNG states ----------------------------------------------------------------------------
-def capture_rng(engine=None) -> dict[str, Any]:
-    """Every random stream a run draws from; the engine's sampler when the engine has one."""
+def capture_rng(engine_state: Any = None) -> dict[str, Any]:
+    """Every random stream a run draws from in this process, and ``engine_state`` (the rollout's
+    ``rng_state()``: its engines' samplers) when there is one."""
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
     try:
         import numpy as np
@@ -58,20 +59,21 @@ def capture_rng(engine=None) -> dict[str, Any]:
         state["numpy"] = np.random.get_state()
     except ImportError:  # numpy is optional; nothing can have drawn from it
         pass
-    if engine is not None and hasattr(engine, "rng_state"):
-        state["engine"] = engine.rng_state()
+    if engine_state is not None:
+        state["engine"] = engine_state
     return state
 
 
-def restore_rng(state: dict[str, Any], engine=None) -> None:
+def restore_rng(state: dict[str, Any]) -> Any:
+    """Restore this process's streams from ``capture_rng``'s state; returns the engines' part
+    (None if it has none) for the rollout's ``set_rng_state``."""
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     if "numpy" in state:
         import numpy as np
 
         np.random.set_state(state["numpy"])
-    if "engine" in state and engine is not None:
-        engine.set_rng_state(state["engine"])
+    return state.get("engine")
 
 
 # ---- save ----------------------------------------------------------------------------------

@@ -7,7 +7,8 @@
         source.update_weights(trainer.weights(), rollout_id + 1)  # every --update-weights-interval
         maybe evaluate, log, maybe save
 
-``rlvr.runtime.build`` wires the components from a ``Config`` (each gets its own group); ``run`` drives them.
+``rlvr.runtime.build`` wires the components from a ``Config`` (each gets its own group); ``run`` drives them,
+through what ``rlvr.runtime.roles`` declares of a rollout and a trainer (local or on Ray alike).
 The batch source is the one difference between the modes (``rlvr.rollout.producer``): the
 synchronous one generates rollout ``r`` when asked; ``--async``'s producer thread generates all the
 time, within ``--max-staleness``. ``ledger.jsonl`` records every trained sample's uid and weight
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-from rlvr.runtime.build import Components, build_local, save_hf
+from rlvr.runtime.build import Components, build_local
 from rlvr.runtime.checkpoint import capture_rng, find_checkpoint, read_run_state, restore_rng, save_checkpoint
 from rlvr.config import Config
 from rlvr.core.errors import DataError
@@ -65,12 +66,12 @@ def run(cfg: Config, console: bool = True) -> Path:
                 r.evaluate(0)
             for rollout_id in range(start, cfg.run.num_rollout):
                 progress.advance(rollout_id, r.rollout(rollout_id))
-                c.trainer.guard.raise_if_exhausted(lambda rid: str(skipped_rollout_path(run_dir, rid)))
+                c.trainer.check_bad_steps(lambda rid: str(skipped_rollout_path(run_dir, rid)))
             source.close()
             pending = [s for g in source.pending_groups() for s in g]
             write_ledger(run_dir / "ledger.jsonl", cfg.run.num_rollout, pending, trained=False)  # drawn, never trained
         if cfg.run.save_hf and "{rollout_id}" not in cfg.run.save_hf:
-            save_hf(c.trainer.model, c.tokenizer, cfg.run.save_hf)
+            c.trainer.save_hf(c.tokenizer, cfg.run.save_hf)
     plot_runs([run_dir], run_dir / "curves.png")
     return run_dir
 
@@ -167,22 +168,22 @@ def restore(c: Components, ckpt: Path, state: dict) -> None:
     """Put the trainer, engine, data source and RNGs back where the checkpoint left them."""
     c.trainer.load(ckpt)
     c.rollout.update_weights(c.trainer.weights(), version=state["rollout_id"])
-    c.rollout.data_source.load_state_dict(state["data_source"])
-    restore_rng(state["rng"], c.rollout.engine)
+    c.rollout.load_data_state(state["data_source"])
+    c.rollout.set_rng_state(restore_rng(state["rng"]))
     log.info("resumed from %s: rollout %d, train step %d", ckpt, state["rollout_id"], c.trainer.step)
 
 
 def save(cfg: Config, c: Components, done: int, logger: MetricsLogger, source) -> None:
     """Checkpoint after ``done`` rollouts (and the plain HF copy ``--save-hf`` asks for)."""
     state = {"train_step": c.trainer.step, **source.checkpoint_state(),  # data source (+ made batches)
-             "rng": capture_rng(c.rollout.engine),
+             "rng": capture_rng(c.rollout.rng_state()),
              "wandb_run_id": next((s.run_id for s in logger.sinks if hasattr(s, "run_id")), None)}
     t0 = time.perf_counter()
     path = save_checkpoint(cfg.run.save_dir, done, c.trainer, c.tokenizer, state,
                            yaml.safe_dump(cfg.to_dict(), sort_keys=False), cfg.run.keep_last_k)
     log.info("saved %s in %.1f s", path, time.perf_counter() - t0)
     if cfg.run.save_hf and "{rollout_id}" in cfg.run.save_hf:
-        save_hf(c.trainer.model, c.tokenizer, cfg.run.save_hf.format(rollout_id=done))
+        c.trainer.save_hf(c.tokenizer, cfg.run.save_hf.format(rollout_id=done))
 
 
 def next_batch(cfg: Config, rollout: Rollout, rollout_id: int) -> RolloutBatch:

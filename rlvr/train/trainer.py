@@ -49,6 +49,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -151,6 +152,14 @@ class RolloutTensors:
     @property
     def width(self) -> int:
         return self.mask.shape[1]
+
+
+def save_hf(model, tokenizer, directory: str | Path) -> Path:
+    """A plain HF checkpoint of ``model`` and ``tokenizer`` (a LoRA-wrapped policy is written merged)."""
+    merged = lora.merged_weights(model) if lora.has_adapter(model) else None
+    model.save_pretrained(directory, state_dict=merged)
+    tokenizer.save_pretrained(directory)
+    return Path(directory)
 
 
 class Trainer:
@@ -490,6 +499,14 @@ class Trainer:
         return self.dp.all_reduce_sum_(out)
 
     # ---- checkpoints -----------------------------------------------------------------------
+    def save_hf(self, tokenizer, directory: str | Path) -> Path:
+        """The policy as a plain HF checkpoint (``--save-hf``; rlvr.runtime.roles.TrainerRole)."""
+        return save_hf(self.model, tokenizer, directory)
+
+    def check_bad_steps(self, skipped_path: Callable[[int], str]) -> None:
+        """``TrainingStopped`` after ``--max-consecutive-skipped-steps`` skipped in a row (``BadStepGuard``)."""
+        self.guard.raise_if_exhausted(skipped_path)
+
     def save(self, directory: str | Path, tokenizer=None, extra: dict | None = None) -> Path:
         """Write the policy as a plain HF checkpoint plus ``trainer_state.pt`` (optimizer, step) and,
         with PPO, ``critic/``. Written under a temporary name and renamed, so a crash mid-save never
