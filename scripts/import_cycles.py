@@ -34,7 +34,8 @@ LAYERS: list[list[str]] = [
     ["rlvr.rollout"],  # prompt groups -> samples: engines, agents, rewards, filters
     ["rlvr.agents", "rlvr.train"],  # multi-turn generation; the trainer
     ["rlvr.engine", "rlvr.rewards"],  # token generation; verifiers
-    ["rlvr.algo", "rlvr.data", "rlvr.models", "rlvr.observe"],  # maths, datasets, model code, metrics
+    ["rlvr.algo", "rlvr.data", "rlvr.models", "rlvr.observe", "rlvr.sandbox"],  # maths, datasets, model code,
+    # metrics, the process sandbox (rewards' code runs, agents' Python tool)
     ["rlvr.config"],  # declarative config: fields, groups, parsing
     ["rlvr.compat"],  # other systems' flag names, paths and plugin signatures
     ["rlvr.core"],  # types, errors, registry, small I/O helpers

@@ -150,7 +150,8 @@ def readme_quick_start() -> str:
     """The shell block of the README's "Quick start on a real model", as printed."""
     text = (ROOT / "README.md").read_text()
     section = text[text.index("## Quick start on a real model"):]
-    return section[section.index("```bash\n") + len("```bash\n"):section.index("\n```")]
+    start = section.index("```bash\n") + len("```bash\n")
+    return section[start:section.index("\n```", start)]
 
 
 @pytest.mark.slow

@@ -41,7 +41,7 @@ from rlvr.core.errors import ConfigError  # noqa: E402
 from rlvr.rewards import RewardConfig, grade  # noqa: E402
 from rlvr.rewards.grader import Grader, build_reward  # noqa: E402
 from rlvr.rewards.math import final_answers, grade_math  # noqa: E402
-from rlvr.rewards.math_equiv import MathOptions, is_equivalent, split_values  # noqa: E402
+from rlvr.rewards.math.equiv import MathOptions, is_equivalent, split_values  # noqa: E402
 from rlvr.core.types import Sample, Status  # noqa: E402
 
 

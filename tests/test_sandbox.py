@@ -25,7 +25,7 @@ import pytest
 from rlvr.rewards import REWARDS
 from rlvr.rewards.code import CodeReward, extract_program
 from rlvr.config.reward import RewardConfig
-from rlvr.rewards.sandbox import CGROUP_ROOT, SandboxLimits, available_protections, run_program
+from rlvr.sandbox.runner import CGROUP_ROOT, SandboxLimits, available_protections, run_program
 from rlvr.core.types import Sample
 
 HOSTILE_DIR = Path(__file__).parent / "hostile"
@@ -116,7 +116,7 @@ def _sandboxed_children() -> int:
             cmd = (d / "cmdline").read_bytes() if ppid == os.getpid() else b""
         except (OSError, ValueError, IndexError):
             continue
-        n += b"sandbox_launcher.py" in cmd or cmd.endswith(b"main.py\0")
+        n += b"rlvr/sandbox/launcher.py" in cmd or cmd.endswith(b"main.py\0")
     return n
 
 
@@ -178,7 +178,7 @@ def test_cancelled_run_leaves_nothing_behind():
 
 
 def test_without_cgroups_it_falls_back_and_says_so(monkeypatch, tmp_path):
-    from rlvr.rewards import sandbox
+    from rlvr.sandbox import runner as sandbox
 
     monkeypatch.setattr(sandbox, "CGROUP_ROOT", tmp_path)  # no cgroup hierarchy here
     r = asyncio.run(run_program("print(2 + 2)"))

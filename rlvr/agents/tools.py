@@ -27,7 +27,7 @@ A sync tool runs where the rollout never waits for it past the timeout (``rlvr.a
 a thread it abandons, or with ``--tool-executor process`` a worker process it kills).
 
 ``python`` is a code-interpreter tool that runs its code in the ``code`` reward's sandbox
-(``rlvr.rewards.sandbox.run_program``) with the ``--code-*`` limits: the same guarantees (process,
+(``rlvr.sandbox.runner.run_program``) with the ``--code-*`` limits: the same guarantees (process,
 memory, time, file and output limits, no network, dropped privileges when root).
 """
 
@@ -242,13 +242,13 @@ class PythonTool:
     __name__ = "python"
 
     def __init__(self, limits=None, max_chars: int = 2000):
-        from rlvr.rewards.sandbox import SandboxLimits
+        from rlvr.sandbox.runner import SandboxLimits
 
         self.limits, self.max_chars = limits or SandboxLimits(), max_chars
 
     def configure(self, cfg) -> None:
         """The ``--code-*`` limits of the run's reward config (the ``code`` reward's own)."""
-        from rlvr.rewards.sandbox import SandboxLimits
+        from rlvr.sandbox.runner import SandboxLimits
 
         self.limits = SandboxLimits.from_reward_config(cfg.reward)
 
@@ -258,7 +258,7 @@ class PythonTool:
         Args:
             code: the program's source; print the values you need
         """
-        from rlvr.rewards.sandbox import run_program
+        from rlvr.sandbox.runner import run_program
 
         r = await run_program(code, limits=self.limits)
         out = r.stdout[-self.max_chars:]

@@ -58,6 +58,10 @@ MOVED: dict[str, tuple[str, str]] = {
     "rlvr.distributed.config": ("rlvr.config.cluster", "import ClusterConfig from rlvr.config"),
     "rlvr.distributed.engine_faults": ("rlvr.distributed.engines", "import from rlvr.distributed.engines"),
     "rlvr.data.slime_source": ("rlvr.runtime.slime_source", "import from rlvr.runtime.slime_source"),
+    "rlvr.rewards.sandbox": ("rlvr.sandbox.runner", "import from rlvr.sandbox.runner"),
+    "rlvr.rewards.sandbox_launcher": ("rlvr.sandbox.launcher", "import from rlvr.sandbox.launcher"),
+    **{f"rlvr.rewards.math_{m}": (f"rlvr.rewards.math.{m}", f"import from rlvr.rewards.math.{m}")
+       for m in ("equiv", "extract", "forms", "units", "words")},
 }
 
 

@@ -11,7 +11,7 @@ forms:
 * ``{"tests": ["assert f(1) == 2", ...]}``: each assertion is appended to the program and run on
   its own; a case passes when that run exits 0 within its limits.
 
-Every run goes through ``rlvr.rewards.sandbox`` with the ``--code-*`` limits, at most
+Every run goes through ``rlvr.sandbox.runner`` with the ``--code-*`` limits, at most
 ``--code-max-concurrency`` at once. The result is ``{"score": passed / total, "passed", "total",
 "reason"}``, ``reason`` being the first failing case's (``"test 2: timeout"``), None if all pass.
 A malformed label is a real error: ``ValueError`` naming what is wrong.
@@ -27,7 +27,7 @@ from typing import Any
 
 from rlvr.config.reward import RewardConfig
 from rlvr.rewards.registry import REWARDS
-from rlvr.rewards.sandbox import RunResult, SandboxLimits, run_program
+from rlvr.sandbox.runner import RunResult, SandboxLimits, run_program
 from rlvr.core.types import Sample
 
 _FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)

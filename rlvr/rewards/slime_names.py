@@ -31,7 +31,7 @@ import string
 
 from rlvr.rewards.grader import build_reward, inline
 from rlvr.rewards.math import _choice_readings, choice_letters
-from rlvr.rewards.math_extract import boxes
+from rlvr.rewards.math.extract import boxes
 from rlvr.core.types import Sample, Status
 
 BOXED_BASES = ("math", "dapo", "deepscaler", "f1", "exact_match")

@@ -1,9 +1,9 @@
-"""The sandbox's launcher: runs as the child of ``rlvr.rewards.sandbox``, between fork and the program.
+"""The sandbox's launcher: runs as the child of ``rlvr.sandbox.runner``, between fork and the program.
 
 It joins the run's cgroups, enters fresh network and mount namespaces, sets the rlimits, drops
 privileges and execs the program. It reports the layers it set up (and those the OS refused) as
 one JSON line on a pipe (``status_fd`` in its config) that it closes before exec, so the program
-never sees it. It is started as ``python -I -S -B sandbox_launcher.py CONFIG_JSON``: isolated
+never sees it. It is started as ``python -I -S -B launcher.py CONFIG_JSON``: isolated
 mode, no site-packages, so it imports the standard library only, never rlvr.
 """
 

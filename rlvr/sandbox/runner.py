@@ -236,9 +236,9 @@ def _signal(pid: int, sig: int, group: bool = False) -> None:
 
 
 # --------------------------------------------------------------------------- the launcher
-# The child runs rlvr/rewards/sandbox_launcher.py between fork and the program (a file of its own
+# The child runs rlvr/sandbox/launcher.py between fork and the program (a file of its own
 # so that it is read, linted and tested as code); it imports the standard library only.
-_LAUNCHER = str(Path(__file__).with_name("sandbox_launcher.py"))
+_LAUNCHER = str(Path(__file__).with_name("launcher.py"))
 
 
 def _rlimits(limits: SandboxLimits, nproc_fallback: bool) -> dict[str, list[int]]:

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from rlvr.rewards.remote import post_json
+from rlvr.core.http import post_json
 from rlvr.train.logprobs import response_log_probs
 from rlvr.train.packing import Layout
 from rlvr.core.types import Sample

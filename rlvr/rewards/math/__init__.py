@@ -33,7 +33,7 @@ from __future__ import annotations
 import re
 
 from rlvr.rewards.grader import inline
-from rlvr.rewards.math_equiv import (  # noqa: F401  (re-exported: the math grader's public names)
+from rlvr.rewards.math.equiv import (  # noqa: F401  (re-exported: the math grader's public names)
     DEFAULT,
     MAX_ANSWER_CHARS,
     PERCENT_POLICIES,
@@ -43,7 +43,7 @@ from rlvr.rewards.math_equiv import (  # noqa: F401  (re-exported: the math grad
     is_unsafe,
     normalize,
 )
-from rlvr.rewards.math_extract import (  # noqa: F401
+from rlvr.rewards.math.extract import (  # noqa: F401
     FALLBACK_TAIL,
     MAX_SCAN_CHARS,
     extract_answer,

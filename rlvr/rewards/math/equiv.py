@@ -50,7 +50,7 @@ from fractions import Fraction
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
-from rlvr.rewards.math_forms import (
+from rlvr.rewards.math.forms import (
     ELLIPSIS,
     congruence_equal,
     ellipsis_value,
@@ -59,8 +59,8 @@ from rlvr.rewards.math_forms import (
     repeating_to_fraction,
     same_curve,
 )
-from rlvr.rewards.math_units import in_common_unit
-from rlvr.rewards.math_words import spelled_answer, words_to_set
+from rlvr.rewards.math.units import in_common_unit
+from rlvr.rewards.math.words import spelled_answer, words_to_set
 
 MAX_ANSWER_CHARS = 400  # a longer "answer" is compared as a string only
 MATH_VERIFY_TIMEOUT = 5  # seconds, per parse / verify, main thread only

@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import re
 
-from rlvr.rewards.math_units import UNIT_WORDS
-from rlvr.rewards.math_words import (
+from rlvr.rewards.math.units import UNIT_WORDS
+from rlvr.rewards.math.words import (
     set_phrase_at,
     spell_numbers,
     words_to_number,
