@@ -102,9 +102,9 @@ def test_each_bad_input_is_one_line_naming_the_flag(user_dir, tiny_qwen2, arith_
 
 
 def _rollout(tiny_qwen2, fn: str, template: bool = True, **agent_kw):
-    from tests.test_agent_tools import _agent
+    from tests.support import agent_rollout
 
-    rollout, engine, tok = _agent(tiny_qwen2, ["408"], tools=None, custom_generate_function_path=f"user_hooks:{fn}",
+    rollout, engine, tok = agent_rollout(tiny_qwen2, ["408"], tools=None, custom_generate_function_path=f"user_hooks:{fn}",
                                   **agent_kw)
     rollout.agent.cfg.data.apply_chat_template = template
     if not template:

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from rlvr.agents.tools import PythonTool, parse_tool_calls, run_tool, tool_schema
-from rlvr.engine.base import GenerateResult
 from rlvr.core.types import Status
+from tests.support import FENCE_PIDS, HOSTILE_CFG, HOSTILE_DIR, agent_rollout, destroy_fence, make_fence
 
 
 def multiply(a: int, b: int) -> int:
@@ -46,34 +46,6 @@ def slow(x: str = "") -> str:
 
 TOOLS = [multiply, boom, slow]
 SANDBOXED = [PythonTool()]
-
-
-class ScriptedEngine:
-    """The ``Engine`` protocol answering each session's k-th call with ``script[k]`` (+ eos
-    unless the turn ends with a tool call), log-prob -0.5 per token."""
-
-    weight_version = 0
-
-    def __init__(self, tok, script: list[str]):
-        self.tok, self.script, self.turn, self.prompts = tok, script, {}, []
-
-    async def generate(self, requests):
-        out = []
-        for r in requests:
-            k = self.turn.get(r.session, 0)
-            self.turn[r.session] = k + 1
-            self.prompts.append(list(r.prompt_ids))
-            text = self.script[min(k, len(self.script) - 1)]
-            ids = self.tok(text, add_special_tokens=False)["input_ids"]
-            if not text.endswith("</tool_call>"):
-                ids.append(self.tok.eos_token_id)
-            ids = ids[: r.params.max_new_tokens]
-            reason = "length" if len(ids) == r.params.max_new_tokens and ids[-1] != self.tok.eos_token_id else "stop"
-            out.append(GenerateResult(r.rid, ids, [-0.5] * len(ids), reason, 0, {}, [0] * len(ids)))
-        return out
-
-    def abort(self, rid=None):
-        pass
 
 
 def test_schema_and_parsing():
@@ -105,24 +77,6 @@ def test_bad_calls_are_error_observations():
         assert not good and expect in json.loads(obs)["error"], obs
 
 
-def _agent(tiny_qwen2, script, tools="tests.test_agent_tools:TOOLS", **agent_kw):
-    from rlvr.config import Config
-    from rlvr.data.dataset import PromptRecord
-    from rlvr.runtime.build import load_tokenizer, make_rollout
-
-    tok = load_tokenizer(str(tiny_qwen2))
-    engine = ScriptedEngine(tok, script)
-    cfg = Config()
-    cfg.data.apply_chat_template = True
-    cfg.agent.tools = tools
-    for k, v in agent_kw.items():
-        setattr(cfg.agent, k, v)
-    cfg.rollout.n_samples_per_prompt, cfg.rollout.rollout_max_response_len = 2, 2000
-    records = [PromptRecord(prompt="What is 12*34?", label="408", metadata={}, index=0)]
-    rollout = make_rollout(cfg, engine, tok, records)  # as a run builds it: prompts rendered with the tools
-    return rollout, engine, tok
-
-
 CALLS = ('<tool_call>{"name": "multiply", "arguments": {"a": 12, "b": 34}}</tool_call>'
          '<tool_call>{"name": multiply}</tool_call>'
          '<tool_call>{"name": "divide", "arguments": {"a": 1}}</tool_call>'
@@ -134,7 +88,7 @@ CALLS = ('<tool_call>{"name": "multiply", "arguments": {"a": 12, "b": 34}}</tool
 def test_builtin_tool_loop_turns_bad_calls_into_observations(tiny_qwen2):
     from rlvr.observe.rollout_metrics import rollout_metrics
 
-    rollout, engine, tok = _agent(tiny_qwen2, [CALLS, "408"], tool_timeout=0.5)
+    rollout, engine, tok = agent_rollout(tiny_qwen2, [CALLS, "408"], tool_timeout=0.5)
     group = rollout.next_groups(1)[0]
     asyncio.run(rollout.run_group(group, rollout.sampling_params(), False))
     for s in group:
@@ -155,7 +109,7 @@ def test_builtin_tool_loop_turns_bad_calls_into_observations(tiny_qwen2):
 
 def test_max_turns_and_the_token_budget_bound_the_loop(tiny_qwen2):
     call = '<tool_call>{"name": "multiply", "arguments": {"a": 2, "b": 3}}</tool_call>'
-    rollout, _, _ = _agent(tiny_qwen2, [call], max_turns=3)
+    rollout, _, _ = agent_rollout(tiny_qwen2, [call], max_turns=3)
     group = rollout.next_groups(1)[0]
     asyncio.run(rollout.run_group(group, rollout.sampling_params(), False))
     assert all(s.metadata["turns"] == 3 and s.status == Status.TRUNCATED for s in group)
@@ -184,7 +138,7 @@ def make_env():
 
 
 def test_environment_protocol(tiny_qwen2):
-    rollout, _, tok = _agent(tiny_qwen2, ["7", "5", "3"], tools=None, environment_path="tests.test_agent_tools:make_env")
+    rollout, _, tok = agent_rollout(tiny_qwen2, ["7", "5", "3"], tools=None, environment_path="tests.test_agent_tools:make_env")
     group = rollout.next_groups(1)[0]
     asyncio.run(rollout.run_group(group, rollout.sampling_params(), False))
     for s in group:
@@ -217,7 +171,7 @@ def _rollout_time(tiny_qwen2, tool: str, **agent_kw) -> tuple[float, float, obje
     calls ``tool``, with --tool-timeout 0.5."""
     call = '<tool_call>{"name": "%s", "arguments": {%s}}</tool_call>' % (
         tool, '"a": 2, "b": 3' if tool == "multiply" else "")
-    rollout, _, _ = _agent(tiny_qwen2, [call, "6"], tools="tests.test_agent_tools:HANGING", tool_timeout=0.5, **agent_kw)
+    rollout, _, _ = agent_rollout(tiny_qwen2, [call, "6"], tools="tests.test_agent_tools:HANGING", tool_timeout=0.5, **agent_kw)
     rollout.cfg.rollout_batch_size = 1
     cpu = time.process_time()
     batch = rollout.generate(0)
@@ -304,7 +258,7 @@ def _driver(spec: dict) -> None:
     sys.path.insert(0, spec["root"])
     from rlvr.config.reward import RewardConfig
 
-    rollout, _, _ = _agent(spec["ckpt"], spec["script"], tools="tests.test_agent_tools:SANDBOXED")
+    rollout, _, _ = agent_rollout(spec["ckpt"], spec["script"], tools="tests.test_agent_tools:SANDBOXED")
     rollout.agent.tools["python"].configure(type("C", (), {"reward": RewardConfig(**spec["limits"])})())
     group = rollout.next_groups(1)[0][:1]
     t = time.monotonic()
@@ -315,11 +269,10 @@ def _driver(spec: dict) -> None:
 
 
 def test_fork_bomb_through_the_python_tool_is_contained(tiny_qwen2):
-    from tests.test_sandbox import FENCE_PIDS, HOSTILE_CFG, HOSTILE_DIR, _destroy_fence, _make_fence
 
     if sys.platform != "linux":
         pytest.skip("the sandbox's limits and the fence need Linux")
-    fence = _make_fence()
+    fence = make_fence()
     if fence is None:
         pytest.skip("a fork bomb is only run inside a writable pids + memory cgroup fence")
     code = (HOSTILE_DIR / "fork_bomb.pysrc").read_text()
@@ -332,7 +285,7 @@ def test_fork_bomb_through_the_python_tool_is_contained(tiny_qwen2):
                               text=True, timeout=60, env={**os.environ, "PYTHONPATH": spec["root"]})
     finally:
         hit = int((fence["pids"] / "pids.peak").read_text()) >= FENCE_PIDS
-        left = _destroy_fence(fence)
+        left = destroy_fence(fence)
     assert proc.returncode == 0, proc.stderr[-3000:]
     row = json.loads(proc.stdout.splitlines()[-1])
     assert not hit and left == set(), (hit, left)  # the sandbox's own limit held; nothing outlived the run

@@ -8,14 +8,13 @@ router's ``/generate``; here the handle sends token ids and returns ids + log-pr
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from rlvr.agents import context
 from rlvr.core.types import RolloutBatch, Sample, Status
+from tests.support import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,12 +72,6 @@ def train_args(ckpt, arith_files, out, *extra) -> list[str]:
             "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "32",
             "--num-rollout", "2", "--lr", "1e-3", "--output-dir", str(out),
             "--save-debug-rollout-data", str(out / "dump" / "r{rollout_id}.pt"), *extra]
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "rlvr", *args], capture_output=True, text=True, cwd=ROOT,
-                          env=env, timeout=600)
 
 
 def check_multi_turn_run(out: Path, rollouts: int = 2, dumps: bool = True) -> None:

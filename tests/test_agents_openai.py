@@ -50,10 +50,10 @@ async def openai_agent(args, sample, sampling_params):
 def test_openai_client_tool_calls_and_streaming_become_an_exact_sample(tiny_qwen2):
     """Against a scripted engine: the first call returns a tool call (parsed into
     ``message.tool_calls``), the second is streamed; the sample continues token-in/token-out."""
-    from tests.test_agent_tools import _agent
+    from tests.support import agent_rollout
 
     call = '<tool_call>{"name": "multiply", "arguments": {"a": 12, "b": 34}}</tool_call>'
-    rollout, engine, tok = _agent(tiny_qwen2, [call, "It is 408."], tools=None,
+    rollout, engine, tok = agent_rollout(tiny_qwen2, [call, "It is 408."], tools=None,
                                   custom_generate_function_path="tests.test_agents_openai:openai_agent")
     group = rollout.next_groups(1)[0]
     asyncio.run(rollout.run_group(group, rollout.sampling_params(), False))
@@ -74,9 +74,9 @@ def test_a_prompt_templated_twice_is_refused_with_what_to_send(tiny_qwen2):
     """``sample.prompt`` under --apply-chat-template is already rendered: sent as a user message it
     would be rendered twice, silently. The endpoint answers 400 saying what to send; the sample
     fails (contained, with that message), the rollout goes on."""
-    from tests.test_agent_tools import _agent
+    from tests.support import agent_rollout
 
-    rollout, engine, _ = _agent(tiny_qwen2, ["It is 408."], tools=None,
+    rollout, engine, _ = agent_rollout(tiny_qwen2, ["It is 408."], tools=None,
                                 custom_generate_function_path="tests.test_agents_openai:templated_twice")
     group = rollout.next_groups(1)[0]
     asyncio.run(rollout.run_group(group, rollout.sampling_params(), False))
@@ -139,7 +139,7 @@ def test_streaming_is_token_by_token_and_recorded_exactly(tiny_qwen2):
 @pytest.mark.slow
 def test_openai_agent_trains_two_rollouts_with_exact_log_probs(tiny_qwen2, arith_files, tmp_path):
     """2 turns, the second streamed token by token, through the CLI: 2 rollouts, exact log-probs."""
-    from tests.test_agents_cli import cli
+    from tests.support import cli
 
     train, _ = arith_files
     out = tmp_path / "run"

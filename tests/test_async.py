@@ -3,7 +3,6 @@ log-probs of stale samples, and the config rules. Real engine, real trainer, tin
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
@@ -21,6 +20,7 @@ from rlvr.observe import read_metrics
 from rlvr.rewards import Grader, RewardConfig
 from rlvr.rollout.producer import AsyncProducer
 from rlvr.rollout.rollout import Rollout
+from tests.support import check_exactly_once, read_ledger
 
 
 def _args(tiny_qwen2, arith_files, out, *extra) -> list[str]:
@@ -30,41 +30,18 @@ def _args(tiny_qwen2, arith_files, out, *extra) -> list[str]:
             "--num-rollout", "6", "--lr", "1e-3", "--output-dir", str(out), *extra]
 
 
-def _ledger(run_dir) -> list[dict]:
-    return [json.loads(line) for line in open(run_dir / "ledger.jsonl")]
-
-
-def _check_exactly_once(rows: list[dict], n: int, batch: int) -> None:
-    """Every group drawn is trained once (n samples, one rollout) or still pending at the end."""
-    trained = [r for r in rows if r["trained"]]
-    uids = [r["uid"] for r in trained]
-    assert len(uids) == len(set(uids)), "a sample was trained twice"
-    groups: dict[str, set] = {}
-    for r in trained:
-        groups.setdefault(r["uid"].split("/")[0], set()).add(r["rollout_id"])
-    assert all(len(v) == 1 for v in groups.values()), "a group was split across rollouts"
-    per_rollout = {}
-    for r in trained:
-        per_rollout[r["rollout_id"]] = per_rollout.get(r["rollout_id"], 0) + 1
-    assert set(per_rollout.values()) == {n * batch}
-    pending = {r["uid"].split("/")[0] for r in rows if not r["trained"]}
-    assert not pending & set(groups), "a pending group was also trained"
-    drawn = sorted(int(g) for g in pending | set(groups))
-    assert drawn == list(range(len(drawn))), "a drawn group is neither trained nor pending (lost)"
-
-
 @pytest.mark.slow
 def test_max_staleness_1_bounds_every_trained_sample(tiny_qwen2, arith_files, tmp_path):
     cfg = parse_config(_args(tiny_qwen2, arith_files, tmp_path / "run", "--async", "--max-staleness", "1",
                              "--rollout-concurrency", "8"))
     run_dir = run(cfg, console=False)
-    rows = _ledger(run_dir)
+    rows = read_ledger(run_dir)
     trained = [r for r in rows if r["trained"]]
     staleness = [r["rollout_id"] - r["version_min"] for r in trained]
     assert max(staleness) == 1  # the producer did run ahead (the bound is what holds it at 1) ...
     assert all(0 <= s <= 1 for s in staleness)  # ... and no trained sample is older than K
     assert all(r["staleness"] == s for r, s in zip(trained, staleness))
-    _check_exactly_once(rows, n=2, batch=4)
+    check_exactly_once(rows, n=2, batch=4)
     rollouts = [r for r in read_metrics(run_dir) if "rollout/step" in r]
     assert len(rollouts) == 6 and max(r["rollout/staleness_max"] for r in rollouts) == 1
     assert all("rollout/staleness_mean" in r for r in rollouts)
@@ -81,11 +58,11 @@ def test_max_staleness_0_is_exactly_on_policy(tiny_qwen2, arith_files, tmp_path,
     cfg = parse_config(_args(tiny_qwen2, arith_files, tmp_path / "run", "--async", "--max-staleness", "0",
                              "--rollout-concurrency", "8", *(LORA if lora else [])))
     run_dir = run(cfg, console=False)
-    rows = _ledger(run_dir)
+    rows = read_ledger(run_dir)
     trained = [r for r in rows if r["trained"]]
     # every token of every trained sample was sampled by the weights being trained
     assert all(r["version_min"] == r["version_max"] == r["rollout_id"] for r in trained)
-    _check_exactly_once(rows, n=2, batch=4)
+    check_exactly_once(rows, n=2, batch=4)
     records = read_metrics(run_dir)
     assert all(r["rollout/staleness_max"] == 0 for r in records if "rollout/step" in r)
     # on-policy: the trainer's p0 is the engine's q (up to float error), as in sync mode
@@ -102,7 +79,7 @@ def test_finish_mode_samples_come_from_one_version(tiny_qwen2, arith_files, tmp_
     cfg = parse_config(_args(tiny_qwen2, arith_files, tmp_path / "run", "--async", "--max-staleness", "2",
                              "--rollout-concurrency", "8", "--weight-update-inflight", "finish"))
     run_dir = run(cfg, console=False)
-    trained = [r for r in _ledger(run_dir) if r["trained"]]
+    trained = [r for r in read_ledger(run_dir) if r["trained"]]
     assert all(r["version_min"] == r["version_max"] for r in trained)  # finished on the old weights
     assert all(r["rollout_id"] - r["version_min"] <= 2 for r in trained)
 
@@ -172,14 +149,14 @@ def test_async_checkpoint_keeps_untrained_groups_and_resume_trains_each_once(tin
     run(parse_config(_args(tiny_qwen2, arith_files, out, *flags, "--num-rollout", "3")), console=False)
     ckpt = out / "checkpoints" / "rollout_000002"
     buffered = {g[0]["uid"].split("/")[0] for g in read_run_state(ckpt)["data_source"]["buffer"]}
-    trained_before = {r["uid"].split("/")[0] for r in _ledger(out) if r["trained"] and r["rollout_id"] < 2}
+    trained_before = {r["uid"].split("/")[0] for r in read_ledger(out) if r["trained"] and r["rollout_id"] < 2}
     assert buffered and not buffered & trained_before  # pending at the checkpoint, not yet trained
     (out / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("2")  # as if rollout 2 crashed
     assert find_checkpoint(out / "checkpoints") == ckpt
     run(parse_config(_args(tiny_qwen2, arith_files, out, *flags, "--num-rollout", "5", "--load",
                            str(out / "checkpoints"))), console=False)
-    rows = _ledger(out)
+    rows = read_ledger(out)
     assert sorted({r["rollout_id"] for r in rows if r["trained"]}) == [0, 1, 2, 3, 4]
-    _check_exactly_once(rows, n=2, batch=4)
+    check_exactly_once(rows, n=2, batch=4)
     assert buffered <= {r["uid"].split("/")[0] for r in rows if r["trained"] and r["rollout_id"] >= 2} | \
         {r["uid"].split("/")[0] for r in rows if not r["trained"]}

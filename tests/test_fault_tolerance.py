@@ -20,18 +20,16 @@ from transformers import AutoModelForCausalLM
 
 import rlvr.runtime.build
 from rlvr.runtime.configure import parse_config
-from rlvr.engine.base import GenerateRequest, SamplingParams
 from rlvr.config.engine import EngineConfig
 from rlvr.engine.processes import ServeProcesses
 from rlvr.engine.supervisor import EngineSupervisor
 from rlvr.runtime.loop import run
 from rlvr.observe import read_metrics
-from rlvr.core.testing import RAISE_AT_ENV, InjectedFault
+from rlvr.core.testing import RAISE_AT_ENV
+from tests.support import check_exactly_once, check_monitor_survives_a_kill, generate_requests, killer, read_ledger, wait_until
 
 pytestmark = pytest.mark.slow
 
-from test_async import _check_exactly_once, _ledger  # noqa: E402  (the same ledger checks)
-from test_supervisor import wait_until  # noqa: E402
 
 
 def engine_pids(checkpoint: Path) -> list[int]:
@@ -56,37 +54,6 @@ def supervise(checkpoint: Path, tmp_path: Path, n: int, max_restarts: int) -> En
     settings = EngineConfig(rollout_num_engines=n, use_fault_tolerance=True, rollout_health_check_interval=0.3,
                             rollout_health_check_timeout=2.0, rollout_max_engine_restarts=max_restarts)
     return EngineSupervisor(ServeProcesses(checkpoint, log_dir=tmp_path / "engines"), settings)
-
-
-def rollouts_logged(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return 0
-    return sum('"rollout/step"' in line for line in path.read_text().splitlines())
-
-
-def killer(pids: Callable[[], list[int]], in_flight: Callable[[int], bool], run_dir: Path, rng: random.Random,
-           log: list, stop: threading.Event) -> None:
-    """SIGKILL the two engines the run started with (``pids()``), in random order, each at a
-    random moment (0-0.4 s) after the next rollout is logged -- and once that engine has requests
-    in flight (``in_flight(pid)``), so that the kill cuts work off whatever the moment fell on
-    (training, a weight push). The second may die before the first one's replacement is up: then
-    no engine is left for a while, and the run must wait, not fail."""
-    while not stop.is_set() and len(pids()) < 2:
-        time.sleep(0.05)
-    victims = pids()
-    rng.shuffle(victims)
-    for pid in victims:
-        seen = rollouts_logged(run_dir)
-        while not stop.is_set() and rollouts_logged(run_dir) <= seen:
-            time.sleep(0.02)
-        time.sleep(rng.uniform(0.0, 0.4))
-        while not stop.is_set() and not in_flight(pid):
-            time.sleep(0.005)
-        if stop.is_set():
-            return
-        os.kill(pid, signal.SIGKILL)
-        log.append((time.time(), pid))
 
 
 def local_engine_probe(monkeypatch) -> tuple[Callable[[], list[int]], Callable[[int], bool]]:
@@ -127,8 +94,8 @@ def test_chaos_two_sigkills_during_rollout(tiny_qwen2, arith_files, tmp_path, ca
     chaos.join(5)
     assert len(kills) == 2, "the run ended before both kills"
     # the run finished, and every prompt group was trained exactly once
-    rows = _ledger(run_dir)
-    _check_exactly_once(rows, n=2, batch=4)
+    rows = read_ledger(run_dir)
+    check_exactly_once(rows, n=2, batch=4)
     trained = [r for r in rows if r["trained"]]
     assert len(trained) == 8 * 8 and all(r["status"] != "failed" for r in trained)
     # the restarts are visible in the metrics and the logs
@@ -147,10 +114,6 @@ def test_chaos_two_sigkills_during_rollout(tiny_qwen2, arith_files, tmp_path, ca
     assert not engine_pids(tiny_qwen2)  # the run stopped its engines
 
 
-def _requests(n: int, max_new: int) -> list[GenerateRequest]:
-    return [GenerateRequest([40, 41, 42, 43], SamplingParams(max_new_tokens=max_new), rid=f"r{i}") for i in range(n)]
-
-
 def test_hung_engine_is_detected_within_the_timeout_and_replaced(tiny_qwen2, tmp_path):
     interval, timeout = 0.3, 2.0
     sup = supervise(tiny_qwen2, tmp_path, 1, max_restarts=2)
@@ -159,7 +122,7 @@ def test_hung_engine_is_detected_within_the_timeout_and_replaced(tiny_qwen2, tmp
         sup.update_weights(dict(model.named_parameters()), version=3)  # the restarted engine must get these
         hung = sup.slots[0].pid
         box = {}
-        work = threading.Thread(target=lambda: box.setdefault("r", asyncio.run(sup.generate(_requests(8, 400)))))
+        work = threading.Thread(target=lambda: box.setdefault("r", asyncio.run(sup.generate(generate_requests(8, 400)))))
         work.start()
         # 8 x 400 tokens (EOS ignored) take seconds: all 8 are still in flight at the stop
         wait_until(lambda: sup.slots[0].outstanding == 8, "the engine has the 8 requests in flight")
@@ -195,7 +158,7 @@ def test_an_engine_that_keeps_dying_is_removed(tiny_qwen2, tmp_path):
         wait_for("removed")
         assert sup.slots[0].removed and not sup.slots[0].up
         assert [e["event"] for e in sup.events if e["slot"] == 0] == ["down", "restarted", "down", "removed"]
-        results = asyncio.run(sup.generate(_requests(4, 8)))  # the run goes on with the other engine
+        results = asyncio.run(sup.generate(generate_requests(4, 8)))  # the run goes on with the other engine
         assert all(r.finish_reason in ("stop", "length") for r in results)
         assert sup.stats() == {"rollout/engine_restarts": 1.0, "rollout/engine_reissued_requests": 0.0,
                                "rollout/engines_up": 1.0}
@@ -215,28 +178,6 @@ def test_a_monitor_that_raises_still_restarts_a_killed_engine(tiny_qwen2, tmp_pa
             check_monitor_survives_a_kill(sup, caplog)
         finally:
             sup.close()
-
-
-def check_monitor_survives_a_kill(sup, caplog) -> None:
-    """The shared scenario: errors injected before and after the SIGKILL of engine 0 while idle
-    (only the monitor can see that death), then a restart and answered requests."""
-    def injected() -> int:
-        return sum(bool(r.exc_info) and isinstance(r.exc_info[1], InjectedFault) for r in caplog.records)
-
-    wait_until(lambda: injected() >= 2, "the monitor has raised twice")
-    killed = sup.slots[0].pid
-    os.kill(killed, signal.SIGKILL)
-    t_kill = time.time()
-    errors_before = injected()
-    wait_until(lambda: any(e["event"] == "restarted" for e in sup.events), "engine 0 is restarted", timeout=120)
-    down = next(e for e in sup.events if e["event"] == "down")
-    assert down["pid"] == killed and down["time"] >= t_kill
-    wait_until(lambda: injected() > errors_before, "the monitor raises again after the kill")
-    assert sup._monitor.is_alive() and sup.slots[0].pid != killed
-    results = asyncio.run(sup.generate(_requests(4, 8)))
-    assert [r.rid for r in results] == [f"r{i}" for i in range(4)]
-    assert all(r.finish_reason in ("stop", "length") and r.token_ids for r in results)
-    assert sup.stats()["rollout/engine_restarts"] == 1.0 and sup.stats()["rollout/engines_up"] == 1.0
 
 
 def test_chaos_run_ledger_is_json(tmp_path):

@@ -20,7 +20,7 @@ from rlvr.train.logprobs import response_log_probs
 from rlvr.train.trainer import load_policy
 from rlvr.core.types import Sample
 from tests.conftest import SMALL
-from tests.test_packing import _samples as packing_samples
+from tests.support import packing_samples
 
 pytestmark = pytest.mark.gpu
 

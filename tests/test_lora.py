@@ -215,14 +215,14 @@ def test_sigkill_during_a_lora_run_then_resume_matches_uninterrupted_run(tiny_qw
     import signal
 
     from rlvr.runtime.checkpoint import read_latest
-    from tests.test_resume import args, rlvr, values
+    from tests.support import logged_values, resume_args, run_rlvr
 
     test = tmp_path / "test.jsonl"
     test.write_text("".join(arith_files[1].read_text().splitlines(keepends=True)[:6]))
 
     def run(out, kill_at=None):
-        return rlvr(*args(tiny_qwen2, arith_files[0], test, tmp_path / out), "--lora-rank", "8", "--lora-alpha", "16",
-                    kill_at=kill_at)
+        return run_rlvr(*resume_args(tiny_qwen2, arith_files[0], test, tmp_path / out), "--lora-rank", "8",
+                        "--lora-alpha", "16", kill_at=kill_at)
 
     full = run("full")
     assert full.returncode == 0, full.stderr[-3000:]
@@ -232,7 +232,7 @@ def test_sigkill_during_a_lora_run_then_resume_matches_uninterrupted_run(tiny_qw
     resumed = run("resumed")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stderr
-    a, b = values(tmp_path / "full"), values(tmp_path / "resumed")
+    a, b = logged_values(tmp_path / "full"), logged_values(tmp_path / "resumed")
     assert a.keys() == b.keys()
     after = [("rollout/step", 4), ("rollout/step", 5), ("train/step", 10), ("train/step", 12)]
     assert a[("train/step", 12)]["train/kl_loss"] != 0  # the adapter moved the policy off the base

@@ -22,7 +22,7 @@ from rlvr.train.packing import Layout
 from rlvr.train.teacher import LoadedTeacher, ServedTeacher, response_logprobs_of
 from rlvr.train.trainer import Trainer, load_policy
 from tests.conftest import SMALL, random_samples
-from tests.test_server import _free_port, _start, _stop, post
+from tests.support import free_port, post, start_server, stop_server
 
 
 def test_opd_advantages_by_hand():
@@ -109,10 +109,10 @@ def test_loaded_teacher_shapes_advantages_exactly(tiny_qwen2, teacher_ckpt):
 
 @pytest.fixture(scope="module")
 def teacher_server(teacher_ckpt):
-    port = _free_port()
-    proc = _start(teacher_ckpt, port)
+    port = free_port()
+    proc = start_server(teacher_ckpt, port)
     yield port
-    _stop(proc)
+    stop_server(proc)
 
 
 def test_served_teacher_matches_the_loaded_one(teacher_ckpt, teacher_server):
@@ -133,7 +133,7 @@ def test_served_teacher_matches_the_loaded_one(teacher_ckpt, teacher_server):
 
 def test_unreachable_teacher_gives_nan_rows_and_counts():
     samples = random_samples(2, 4, lambda i, rng: 0.0)
-    dead = ServedTeacher(f"http://127.0.0.1:{_free_port()}/generate", retries=1, deadline=2)
+    dead = ServedTeacher(f"http://127.0.0.1:{free_port()}/generate", retries=1, deadline=2)
     out = dead.log_probs(samples, 0.9, 9, 1 << 30, Layout())
     assert out.isnan().all() and dead.failures == 2
 
@@ -142,7 +142,7 @@ def test_failed_teacher_samples_keep_their_estimator_advantages(tiny_qwen2):
     samples = _equal_reward_samples()
     algo = AlgoConfig(use_opd=True, opd_type="sglang")
     tr = Trainer(TrainConfig(hf_checkpoint=str(tiny_qwen2), lr=1e-3), algo, n_samples_per_prompt=4,
-                 teacher=ServedTeacher(f"http://127.0.0.1:{_free_port()}/generate", retries=0, deadline=1))
+                 teacher=ServedTeacher(f"http://127.0.0.1:{free_port()}/generate", retries=0, deadline=1))
     seen = {}
     real = tr._advantages
     tr._advantages = lambda batch: (real(batch), seen.setdefault("batch", batch))

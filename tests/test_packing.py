@@ -1,6 +1,5 @@
 """Packing is exact: packed log-probs, entropies and gradients equal each sample run alone."""
 
-import random
 
 import pytest
 import torch
@@ -11,18 +10,7 @@ from rlvr.train.logprobs import response_log_probs
 from rlvr.train.trainer import load_policy
 from rlvr.core.types import Sample
 from tests.conftest import SMALL
-
-
-def _samples(n=6, seed=0, group=1, min_prompt=1):
-    """``n`` samples; ``group`` consecutive ones share a prompt (as a GRPO group does) of at least
-    ``min_prompt`` tokens."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        if i % group == 0:
-            prompt = [rng.randrange(256) for _ in range(rng.randint(min_prompt, 9))]
-        out.append(Sample("", prompt, response_ids=[rng.randrange(256) for _ in range(rng.randint(1, 12))]))
-    return out
+from tests.support import packing_samples
 
 
 @pytest.fixture(scope="module", params=["qwen2", "llama"])
@@ -35,7 +23,7 @@ def model(request, tmp_path_factory):
 @pytest.mark.parametrize("group", [1, 3])
 def test_packed_equals_each_sample_alone_and_padded(model, group, small_group, monkeypatch):
     monkeypatch.setattr(attention, "SMALL_GROUP", small_group)
-    samples = _samples(group=group)
+    samples = packing_samples(group=group)
     width = max(s.response_length for s in samples)
     with torch.no_grad():
         packed, ent_packed = response_log_probs(model, samples, 0.7, width, True, packed=True)
@@ -55,7 +43,7 @@ def test_attention_never_crosses_samples(model):
     so the last bits of the other samples' values may move (measured: up to ~1e-7). Attention
     reaching across samples would move them by far more than the 1e-6 allowed: sample 0's own
     values, which do see the change, move by > 1e-2."""
-    samples = _samples(3, seed=1)
+    samples = packing_samples(3, seed=1)
     width = max(s.response_length for s in samples)
     changed = [Sample("", [7] * 5, response_ids=[9] * 4)] + samples[1:]
     with torch.no_grad():
@@ -68,7 +56,7 @@ def test_attention_never_crosses_samples(model):
 @pytest.mark.parametrize("small_group", [512, 0])
 def test_responses_sharing_a_prompt_never_see_each_other(model, small_group, monkeypatch):
     monkeypatch.setattr(attention, "SMALL_GROUP", small_group)
-    samples = _samples(4, seed=3, group=4)
+    samples = packing_samples(4, seed=3, group=4)
     width = max(s.response_length for s in samples)
     first = samples[0]
     changed = [Sample("", first.prompt_ids, response_ids=[(t + 1) % 256 for t in first.response_ids])] + samples[1:]
@@ -82,7 +70,7 @@ def test_responses_sharing_a_prompt_never_see_each_other(model, small_group, mon
 @pytest.mark.parametrize("small_group", [512, 0])
 def test_packed_shared_prompt_and_chunked_gradients_equal_padded(model, small_group, monkeypatch):
     monkeypatch.setattr(attention, "SMALL_GROUP", small_group)
-    samples = _samples(8, seed=2, group=4)
+    samples = packing_samples(8, seed=2, group=4)
     width = max(s.response_length for s in samples)
 
     def grad(packed, chunk, share=True):

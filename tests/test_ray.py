@@ -93,17 +93,17 @@ def test_async_on_ray_bounds_staleness_and_trains_each_group_once(ray_cluster, t
     """``--async`` under ``--ray``: the producer runs on the rollout manager beside 2 engine actors;
     with ``--max-staleness 1`` no trained sample is older than one version, and the ledger shows
     every drawn group trained exactly once or still pending at the end."""
-    from test_async import _check_exactly_once, _ledger
+    from tests.support import check_exactly_once, read_ledger
 
     out = tmp_path / "run"
     argv = [a for a in ray_args(tiny_qwen2, arith_files[0], small_eval, out) if a != "--check-weight-update-equal"]
     argv += ["--async", "--max-staleness", "1", "--rollout-concurrency", "4", "--num-rollout", "4"]
     assert main(["train", *argv]) == 0
     assert_finished(out, rollouts=4)
-    rows = _ledger(out)
+    rows = read_ledger(out)
     trained = [r for r in rows if r["trained"]]
     assert all(0 <= r["rollout_id"] - r["version_min"] <= 1 for r in trained)
-    _check_exactly_once(rows, n=4, batch=2)
+    check_exactly_once(rows, n=4, batch=2)
     assert max(r["rollout/staleness_max"] for r in records(out, "rollout/step")) <= 1
 
 

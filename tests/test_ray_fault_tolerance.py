@@ -16,12 +16,11 @@ import pytest
 
 from rlvr.runtime.configure import parse_config
 from rlvr.observe import read_metrics
+from tests.support import check_exactly_once, check_monitor_survives_a_kill, killer, read_ledger, wait_until
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 
-from test_async import _check_exactly_once, _ledger  # noqa: E402  (the same ledger checks)
-from test_fault_tolerance import check_monitor_survives_a_kill, killer, wait_until  # noqa: E402
 
 
 RAY_NUM_CPUS = 4  # the ray_cluster fixture (conftest.py): 1 training rank + 2 engines, and slack
@@ -113,8 +112,8 @@ def test_chaos_two_sigkills_during_rollout(ray_cluster, tiny_qwen2, arith_files,
         chaos.join(5)
     assert len(kills) == 2, "the run ended before both kills"
     # the run finished, and every prompt group was trained exactly once
-    rows = _ledger(run_dir)
-    _check_exactly_once(rows, n=2, batch=4)
+    rows = read_ledger(run_dir)
+    check_exactly_once(rows, n=2, batch=4)
     trained = [r for r in rows if r["trained"]]
     assert len(trained) == 10 * 8 and all(r["status"] != "failed" for r in trained)
     # the restarts are visible in the metrics and the logs

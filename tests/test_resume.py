@@ -4,44 +4,12 @@ mid-save leaves the previous checkpoint loadable. Real processes through the rea
 ``RLVR_TEST_SIGKILL_AT`` makes the kill land at a chosen point."""
 
 import json
-import os
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from rlvr.runtime.checkpoint import LATEST_FILE, list_checkpoints, read_latest
-
-
-def rlvr(*args, kill_at: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("RLVR_TEST_SIGKILL_AT", None)
-    if kill_at:
-        env["RLVR_TEST_SIGKILL_AT"] = kill_at
-    return subprocess.run([sys.executable, "-m", "rlvr", *args], capture_output=True, text=True, env=env,
-                          timeout=600)
-
-
-def args(ckpt, train, test, out: Path, *extra) -> list[str]:
-    return ["train", "--hf-checkpoint", str(ckpt), "--prompt-data", str(train), "--rollout-batch-size", "2",
-            "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6", "--num-rollout", "6",
-            "--lr", "1e-3", "--use-kl-loss", "--kl-loss-coef", "0.01", "--global-batch-size", "4",
-            "--eval-prompt-data", "arith", str(test), "--eval-interval", "3", "--n-samples-per-eval-prompt", "2",
-            "--eval-temperature", "1.0", "--save-interval", "2", "--output-dir", str(out),
-            "--save", str(out / "ckpt"), "--load", str(out / "ckpt"), *extra]
-
-
-def values(run_dir: Path) -> dict[tuple[str, int], dict]:
-    """{(step key, step): record without wall-clock fields}; a duplicated step fails the test."""
-    out = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        key = next((k, r[k]) for k in ("rollout/step", "train/step", "eval/step") if k in r)
-        assert key not in out, f"{key} logged twice"
-        out[key] = {k: v for k, v in r.items() if k != "time" and not k.startswith("perf/")}
-    return out
+from tests.support import logged_values, resume_args, run_rlvr
 
 
 SMALL_EVAL_ROWS = 6  # the small_eval fixture (conftest.py)
@@ -57,17 +25,17 @@ def test_sigkill_mid_rollout_then_resume_matches_uninterrupted_run(tiny_qwen2, a
     batch-invariant engine and index-keyed seeds of --deterministic-mode make the values equal."""
     train = arith_files[0]
     extra = ("--deterministic-mode", *extra)
-    full = rlvr(*args(tiny_qwen2, train, small_eval, tmp_path / "full", *extra))
+    full = run_rlvr(*resume_args(tiny_qwen2, train, small_eval, tmp_path / "full", *extra))
     assert full.returncode == 0, full.stderr[-3000:]
-    killed = rlvr(*args(tiny_qwen2, train, small_eval, tmp_path / "resumed", *extra), kill_at="rollout:4")
+    killed = run_rlvr(*resume_args(tiny_qwen2, train, small_eval, tmp_path / "resumed", *extra), kill_at="rollout:4")
     assert killed.returncode == -signal.SIGKILL
     assert read_latest(tmp_path / "resumed" / "ckpt") == 4
-    resumed = rlvr(*args(tiny_qwen2, train, small_eval, tmp_path / "resumed", *extra))
+    resumed = run_rlvr(*resume_args(tiny_qwen2, train, small_eval, tmp_path / "resumed", *extra))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stderr and "rollout 4" in resumed.stderr
     assert "differ from the checkpoint" not in resumed.stderr
 
-    a, b = values(tmp_path / "full"), values(tmp_path / "resumed")
+    a, b = logged_values(tmp_path / "full"), logged_values(tmp_path / "resumed")
     assert a.keys() == b.keys()  # same steps, none lost, none twice
     # Rollouts 5-6 (the trainer logs one record per rollout, at its last optimizer step; 2 per
     # rollout here) and the final eval were logged only by the resumed process.
@@ -99,8 +67,8 @@ def test_sigkill_mid_save_leaves_previous_checkpoint_loadable(tiny_qwen2, arith_
     from rlvr.train.trainer import Trainer
 
     out = tmp_path / "run"
-    argv = args(tiny_qwen2, arith_files[0], small_eval, out, "--num-rollout", "4")
-    killed = rlvr(*argv, kill_at="save:4")
+    argv = resume_args(tiny_qwen2, arith_files[0], small_eval, out, "--num-rollout", "4")
+    killed = run_rlvr(*argv, kill_at="save:4")
     assert killed.returncode == -signal.SIGKILL
     ckpt = out / "ckpt"
     assert (ckpt / "rollout_000004.tmp" / "model.safetensors").is_file()  # the half-written one

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -25,12 +24,10 @@ import pytest
 from rlvr.rewards import REWARDS
 from rlvr.rewards.code import CodeReward, extract_program
 from rlvr.config.reward import RewardConfig
-from rlvr.sandbox.runner import CGROUP_ROOT, SandboxLimits, available_protections, run_program
+from rlvr.sandbox.runner import SandboxLimits, available_protections, run_program
 from rlvr.core.types import Sample
+from tests.support import FAST, FENCE_PIDS, HOSTILE_CFG, HOSTILE_DIR, cgroup_tree_pids, destroy_fence, make_fence, own_cgroup_dir
 
-HOSTILE_DIR = Path(__file__).parent / "hostile"
-FAST = dict(code_timeout=3.0, code_cpu_time=1.0, code_memory_mb=256, code_max_processes=16,
-            code_max_file_mb=2, code_max_output_kb=16, code_max_concurrency=2)
 PROTECTIONS = available_protections()
 IS_ROOT = os.geteuid() == 0
 
@@ -172,7 +169,7 @@ def test_cancelled_run_leaves_nothing_behind():
     asyncio.run(cancel_midway())
     assert _nobody_pids() - before == set()
     for controller in ("pids", "memory"):
-        base = _own_cgroup_dir(controller)
+        base = own_cgroup_dir(controller)
         if base is not None:
             assert not list(base.glob(f"rlvr-sbx-{os.getpid()}-*")), "the run's cgroup was not removed"
 
@@ -214,69 +211,7 @@ HOSTILE = {
     "raise_limits": ({"exit code 1"}, {"root"}),
     "escape_cgroup": ({"exit code 1"}, {"root", "fence"}),
 }
-# CPU 1 s but wall 5 s, so that a busy machine still hits the CPU limit before the timeout.
-HOSTILE_CFG = dict(FAST, code_timeout=5.0, code_max_concurrency=1)
 SLACK = 2.0  # seconds a run may take beyond its limit (start-up, clean-up, a loaded machine)
-FENCE_PIDS, FENCE_MEMORY = 128, 2 * 2**30
-
-
-def _own_cgroup_dir(controller: str) -> Path | None:
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, names, path = line.split(":", 2)
-        if controller in names.split(","):
-            d = CGROUP_ROOT / controller / path.lstrip("/")
-            return d if os.access(d, os.W_OK) else None
-    return None
-
-
-def _make_fence() -> dict[str, Path] | None:
-    """A pids + memory cgroup for the driver, or None where cgroups cannot be written."""
-    fence = {}
-    for controller, file, value in (("pids", "pids.max", FENCE_PIDS),
-                                    ("memory", "memory.limit_in_bytes", FENCE_MEMORY)):
-        base = _own_cgroup_dir(controller)
-        if base is None:
-            return None
-        d = base / f"rlvr-test-fence-{os.getpid()}"
-        d.mkdir(exist_ok=True)
-        (d / file).write_text(str(value))
-        fence[controller] = d
-    return fence
-
-
-def _cgroup_tree_pids(root: Path) -> set[int]:
-    pids: set[int] = set()
-    for procs in root.rglob("cgroup.procs"):
-        try:
-            pids.update(int(p) for p in procs.read_text().split())
-        except (OSError, ValueError):
-            pass
-    return pids
-
-
-def _destroy_fence(fence: dict[str, Path]) -> set[int]:
-    """Kill whatever is left in the fence, remove it; returns the pids that were left."""
-    left = set()
-    for d in fence.values():
-        left |= _cgroup_tree_pids(d)
-    for _ in range(100):
-        pids = set().union(*(_cgroup_tree_pids(d) for d in fence.values()))
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.02)
-    for d in fence.values():
-        for sub in sorted(d.rglob("*"), reverse=True):
-            if sub.is_dir():
-                sub.rmdir()
-        d.rmdir()
-    return left
-
-
 def _nobody_pids() -> set[int]:
     """Live (not zombie) processes of uid nobody: what the sandbox runs programs as when root.
 
@@ -304,7 +239,7 @@ def _driver(spec: dict) -> None:
         t = time.monotonic()
         result = asyncio.run(reward(Sample(prompt="", prompt_ids=[], label=label, response=source)))
         duration = time.monotonic() - t
-        left = {p for d in spec["fence"].values() for p in _cgroup_tree_pids(Path(d))} - {os.getpid()}
+        left = {p for d in spec["fence"].values() for p in cgroup_tree_pids(Path(d))} - {os.getpid()}
         row = dict(name=name, duration=duration, left=sorted(left | (_nobody_pids() - before)), **result)
         if name == "daemon":  # run it once more, raw, to learn the daemon's pid
             raw = asyncio.run(run_program(extract_program(source), limits=reward.limits))
@@ -317,7 +252,7 @@ def _driver(spec: dict) -> None:
 def hostile(tmp_path_factory):
     if sys.platform != "linux":
         pytest.skip("the sandbox's limits and the fence need Linux")
-    fence = _make_fence()
+    fence = make_fence()
     have = {"fence"} if fence else set()
     if IS_ROOT:
         have.add("root")
@@ -362,7 +297,10 @@ def hostile(tmp_path_factory):
     threads = [threading.Thread(target=serve, daemon=True), threading.Thread(target=probe, daemon=True)]
     for th in threads:
         th.start()
-    env = {**os.environ, "RLVR_FAKE_SECRET": secret}
+    # the repository root on the driver's path: it imports tests.support as this module does
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "RLVR_FAKE_SECRET": secret,
+           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     try:
         proc = subprocess.run([sys.executable, __file__, "--driver", json.dumps(spec)], env=env,
                               capture_output=True, text=True, timeout=55)
@@ -377,7 +315,7 @@ def hostile(tmp_path_factory):
         if fence:
             fence_hits["pids.max reached"] = int((fence["pids"] / "pids.peak").read_text()) >= FENCE_PIDS
             fence_hits["memory.failcnt"] = int((fence["memory"] / "memory.failcnt").read_text())
-        left_in_fence = _destroy_fence(fence) if fence else set()
+        left_in_fence = destroy_fence(fence) if fence else set()
         for th in threads:
             th.join()
         server.close()

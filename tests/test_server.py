@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,64 +18,17 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlvr.engine.base import GenerateRequest, SamplingParams
 from rlvr.engine.client import HttpEngine
+from tests.support import free_port, post, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(ckpt, port: int) -> subprocess.Popen:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rlvr", "serve", "--hf-checkpoint", str(ckpt), "--port", str(port),
-         "--device", "cpu", "--mem-fraction-static", "0.5"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"rlvr serve exited: {proc.stdout.read().decode()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("rlvr serve did not come up")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def post(port: int, route: str, payload: dict, timeout: float = 120) -> tuple[int, dict]:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{route}", data=json.dumps(payload).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            text = r.read().decode()
-            return r.status, json.loads(text) if text[:1] in "{[" else {"text": text}
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read().decode())
-
-
 @pytest.fixture(scope="module")
 def server(tiny_qwen2):
-    port = _free_port()
-    proc = _start(tiny_qwen2, port)
+    port = free_port()
+    proc = start_server(tiny_qwen2, port)
     yield port
-    _stop(proc)
+    stop_server(proc)
 
 
 @pytest.fixture(scope="module")
@@ -210,8 +161,8 @@ def test_openai_chat_completion_applies_the_chat_template(server, local):
 def test_client_survives_a_server_killed_mid_rollout(server, local, tiny_qwen2):
     """Two servers at once, one SIGKILLed mid-rollout: every request is answered exactly once."""
     tok, model = local
-    port_b = _free_port()
-    proc_b = _start(tiny_qwen2, port_b)
+    port_b = free_port()
+    proc_b = start_server(tiny_qwen2, port_b)
     try:
         engine = HttpEngine([f"127.0.0.1:{server}", f"127.0.0.1:{port_b}"], timeout=120, retries=2, cooldown=60)
         prompts = [tok(f"{a}+{a}=", add_special_tokens=False)["input_ids"] for a in range(16)]
@@ -237,11 +188,11 @@ def test_client_survives_a_server_killed_mid_rollout(server, local, tiny_qwen2):
         ref = _forward_log_probs(model, reqs[0].prompt_ids, r.token_ids, 1.0)
         torch.testing.assert_close(torch.tensor(r.log_probs), ref, atol=1e-4, rtol=0)
     finally:
-        _stop(proc_b)
+        stop_server(proc_b)
 
 
 def test_client_returns_an_error_result_when_no_server_answers():
-    engine = HttpEngine([f"127.0.0.1:{_free_port()}"], timeout=5, retries=1)
+    engine = HttpEngine([f"127.0.0.1:{free_port()}"], timeout=5, retries=1)
     res = asyncio.run(engine.generate([GenerateRequest([1, 2, 3], SamplingParams(max_new_tokens=2), rid="x")]))
     assert len(res) == 1 and res[0].rid == "x" and res[0].finish_reason == "error" and "error" in res[0].meta
     assert not engine.health()

@@ -18,16 +18,7 @@ from rlvr.engine.base import GenerateRequest, GenerateResult, SamplingParams
 from rlvr.config.engine import EngineConfig
 from rlvr.engine.supervisor import EngineDown, EngineSupervisor, EnginesLost
 from rlvr.core.testing import RAISE_AT_ENV, InjectedFault
-
-
-def wait_until(condition, what: str, timeout: float = 60.0, poll: float = 0.01) -> None:
-    """Poll ``condition()`` until it holds; fail naming ``what`` after ``timeout`` seconds (tests
-    wait on the state they need, never on a sleep that races the system)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting until {what}")
-        time.sleep(poll)
+from tests.support import wait_until
 
 
 class FakeEngine:
