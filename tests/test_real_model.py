@@ -6,7 +6,7 @@ tied embeddings at that size, or its chat template, whose end-of-turn token ``<|
 both eos and pad. These tests check on it: packed log-probs against one sample at a time, the
 engine's sampled log-probs against the trainer's, stopping at ``<|im_end|>`` as HF ``generate``
 does, embeddings and output head still one tensor after a weight sync, and the README's quick
-start as printed (two rollouts of ``rlvr train``, then ``rlvr plot``). They skip, saying so, when
+start as printed (one rollout of ``rlvr train``, then ``rlvr plot``). They skip, saying so, when
 the converted checkpoint is absent (``make test`` builds it first).
 
 Tolerances are float32's on a 30-layer model: summation order differs between a packed forward
@@ -158,11 +158,12 @@ def readme_quick_start() -> str:
 def test_the_readme_quick_start_runs_as_printed(tmp_path):
     """The README's quick start in a fresh directory, as printed but for: `make smollm2` (this
     module runs only where its checkpoint is), the venv's `rlvr` (this interpreter's), the model's
-    path (absolute) and 2 rollouts instead of 10. Two optimizer steps, evaluations at 0 and 2 on the
-    eval file the block writes, sampled responses kept, and the plot written."""
+    path (absolute) and 1 rollout instead of 10 (its 64 samples are what the test costs). One
+    optimizer step, evaluations before and after it on the eval file the block writes, sampled
+    responses kept, and the plot written."""
     block = readme_quick_start()
     edits = {"make smollm2 ": "# make smollm2 ", ".venv/bin/rlvr ": f"{sys.executable} -m rlvr ",
-             "models/smollm2-135m-instruct ": f"{MODEL.resolve()} ", "--num-rollout 10 ": "--num-rollout 2 "}
+             "models/smollm2-135m-instruct ": f"{MODEL.resolve()} ", "--num-rollout 10 ": "--num-rollout 1 "}
     for old, new in edits.items():
         assert old in block, f"the README's quick start no longer has {old!r}: update this test with it"
         block = block.replace(old, new)
@@ -173,11 +174,11 @@ def test_the_readme_quick_start_runs_as_printed(tmp_path):
     out = tmp_path / "runs" / "mine"
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "train/step" in r]
-    assert [r["train/step"] for r in train] == [1, 2]
+    assert [r["train/step"] for r in train] == [1]
     assert all(v is not None for r in train for v in r.values()), train  # no NaN / inf
     evals = [r for r in records if "eval/step" in r]
-    assert [r["eval/step"] for r in evals] == [0, 2] and all(0 <= r["eval/my_eval/score"] <= 1 for r in evals)
+    assert [r["eval/step"] for r in evals] == [0, 1] and all(0 <= r["eval/my_eval/score"] <= 1 for r in evals)
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
-    assert {s["rollout_id"] for s in samples} == {0, 1}  # a few responses of each rollout are kept
+    assert {s["rollout_id"] for s in samples} == {0}  # a few responses of the rollout are kept
     assert all(s["response"] and "<|im_end|>" not in s["response"] for s in samples)
     assert (out / "curves.png").stat().st_size > 10_000  # rlvr plot's dashboard
