@@ -158,7 +158,7 @@ def readme_quick_start() -> str:
 def test_the_readme_quick_start_runs_as_printed(tmp_path):
     """The README's quick start in a fresh directory, as printed but for: `make smollm2` (this
     module runs only where its checkpoint is), the venv's `rlvr` (this interpreter's), the model's
-    path (absolute) and 1 rollout instead of 10 (its 64 samples are what the test costs). One
+    path (absolute) and 1 rollout instead of 10 (its 16 samples are most of what the test costs). One
     optimizer step, evaluations before and after it on the eval file the block writes, sampled
     responses kept, and the plot written."""
     block = readme_quick_start()
