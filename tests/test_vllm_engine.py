@@ -99,17 +99,27 @@ def test_abort_returns_tokens_so_far(engine, prompt):
     assert r.finish_reason == "abort" and len(r.token_ids) < 2000 and len(r.log_probs) == len(r.token_ids)
 
 
-def test_weight_update_changes_and_restores_log_probs(engine, hf_model, prompt):
-    params = SamplingParams(temperature=0, max_new_tokens=8)
-    (before,) = engine.generate_sync([GenerateRequest(list(prompt), params)])
-    state = {k: v.clone() for k, v in hf_model.state_dict().items()}
-    scaled = {k: v * 1.05 if k.endswith("mlp.down_proj.weight") else v for k, v in state.items()}
-    engine.update_weights(scaled, version=1)
+def test_weight_update_matches_transformers_with_the_same_weights(engine, prompt):
+    """Every parameter moved (the tied embeddings too), sent as a module's ``named_parameters`` (no
+    ``lm_head.weight`` alias): vLLM's log-probs follow transformers' on the moved weights, and sending the
+    old weights back restores them bit for bit."""
+    from transformers import AutoModelForCausalLM
+
+    params = SamplingParams(temperature=1.0, max_new_tokens=24)
+    (before,) = engine.generate_sync([GenerateRequest(list(prompt), SamplingParams(temperature=0, max_new_tokens=8))])
+    moved = AutoModelForCausalLM.from_pretrained(SMOLLM2, dtype=torch.float32).eval()
+    original = {k: v.clone() for k, v in moved.named_parameters()}
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in moved.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 1e-3 * p.abs().mean())
+    engine.update_weights(moved.named_parameters(), version=1)
     (after,) = engine.generate_sync([GenerateRequest(list(prompt), params)])
     assert after.weight_version == 1 and after.weight_versions == [1] * len(after.token_ids)
-    assert after.log_probs != before.log_probs  # the same prompt was not served from the old weights' cache
-    engine.update_weights(state.items(), version=2)
-    (back,) = engine.generate_sync([GenerateRequest(list(prompt), params)])
+    gap = (torch.tensor(after.log_probs) - hf_log_probs(moved, prompt, after.token_ids, 1.0)).abs().mean()
+    assert gap < 1e-4, gap  # a stale head (embeddings reloaded alone) gave 1.7e-3
+    engine.update_weights(original.items(), version=2)
+    (back,) = engine.generate_sync([GenerateRequest(list(prompt), SamplingParams(temperature=0, max_new_tokens=8))])
     assert back.token_ids == before.token_ids and back.log_probs == before.log_probs  # bit for bit
 
 
