@@ -35,6 +35,7 @@ from rlvr.core.types import Sample
 from rlvr.engine.base import GenerateRequest, SamplingParams
 from rlvr.engine.embedded import EmbeddedEngine
 from rlvr.train.logprobs import response_log_probs
+from rlvr.train.trainer import load_policy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import chat_prompts  # noqa: E402
@@ -84,6 +85,7 @@ def main() -> None:
 
     tok = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    policy = load_policy(args.model, bf16=False)  # as the trainer loads it (packed-sequence attention)
     prompts = chat_prompts(tok, args.prompts)
     lens = budgets(len(prompts) * N_SAMPLES, args.median_len, args.max_len)
     tokens = sum(lens)
@@ -101,7 +103,7 @@ def main() -> None:
         timed(engine, prompts[:2], lens[:16])  # warm-up
         wall, cpu, results = timed(engine, prompts, lens)
         row[name] = {"tok_s": round(tokens / wall, 1), "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
-                     "startup_s": round(start[name], 1), **gap(model, prompts, results)}
+                     "startup_s": round(start[name], 1), **gap(policy, prompts, results)}
         print(f"  {name:>8}: {tokens / wall:6.1f} tok/s  wall {wall:7.2f} s  cpu {cpu:7.2f} s  "
               f"gap mean {row[name]['gap_mean_abs']:.2e} max {row[name]['gap_max_abs']:.2e} kl {row[name]['kl_k3']:.2e}")
         engine.close()

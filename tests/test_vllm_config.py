@@ -19,7 +19,7 @@ def base(tiny_qwen2, arith_files):
     (["--rollout-top-k", "20"], "--rollout-top-k"),
     (["--colocate"], "--colocate"),
     (["--rollout-num-engines", "2"], "--rollout-engine"),
-    (["--rollout-external-engine-addrs", "127.0.0.1:30000"], "--rollout-engine"),
+    (["--use-fault-tolerance"], "--rollout-engine"),
 ])
 def test_what_vllm_cannot_honour_is_refused_with_the_reason(base, extra, flag):
     with pytest.raises(ConfigError, match=flag) as e:

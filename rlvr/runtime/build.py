@@ -148,6 +148,10 @@ def build_engine(cfg: Config, model, tokenizer):
                                    log_dir=Path(cfg.run.output_dir) / "engines", routed_experts_top_k=routed_top_k(cfg),
                                    deterministic=cfg.run.deterministic_mode)
         return EngineSupervisor(processes, r)
+    if r.rollout_external_engine_addrs and r.rollout_engine == "vllm":  # vLLM's OpenAI API servers (dev mode)
+        from rlvr.engine.vllm_http import VllmHttpEngine
+
+        return VllmHttpEngine(r.rollout_external_engine_addrs, timeout=r.rollout_external_engine_timeout)
     if r.rollout_external_engine_addrs:
         from rlvr.engine.client import HttpEngine
 
