@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -107,13 +108,20 @@ def test_server_samples_match_transformers_before_and_after_a_weight_push(engine
     assert (torch.tensor(r.log_probs) - hf_log_probs(model, prompt, r.token_ids, 1.0)).abs().mean() < 1e-4
 
 
+def running(url: str) -> float:
+    """Requests the server is decoding now (its Prometheus gauge)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+        lines = resp.read().decode().splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("vllm:num_requests_running"))
+
+
 def test_abort_ends_the_request_with_reason_abort(engine, prompt):
     box = []
     req = GenerateRequest(list(prompt), SamplingParams(temperature=1.0, max_new_tokens=3000), rid="long")
     worker = threading.Thread(target=lambda: box.append(asyncio.run(engine.generate([req]))))
     worker.start()
-    deadline = time.monotonic() + 60
-    while not engine.outstanding[engine.urls[0]] and time.monotonic() < deadline:
+    deadline = time.monotonic() + 60  # until the server runs it (an abort of an id it has not seen is a no-op)
+    while running(engine.urls[0]) < 1 and time.monotonic() < deadline:
         time.sleep(0.05)
     engine.abort("long")
     worker.join(timeout=120)

@@ -97,6 +97,8 @@ class VllmHttpEngine:
         self.weights_dir = Path(weights_dir or tempfile.mkdtemp(prefix="rlvr-vllm-weights-", dir=shm))
         self.models = {u: self._get(u, "/v1/models")["data"][0]["id"] for u in self.urls}
         self._version = 0
+        self._abort_epoch = 0  # abort() of everything so far
+        self._abort_rids: set[str] = set()
 
     @property
     def weight_version(self) -> int:
@@ -107,11 +109,15 @@ class VllmHttpEngine:
             return []
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout),
                                          connector=aiohttp.TCPConnector(limit=0)) as session:
-            return list(await asyncio.gather(*(self._one(session, r) for r in requests)))
+            epoch = self._abort_epoch
+            return list(await asyncio.gather(*(self._one(session, r, epoch) for r in requests)))
 
-    async def _one(self, session: aiohttp.ClientSession, req: GenerateRequest) -> GenerateResult:
+    async def _one(self, session: aiohttp.ClientSession, req: GenerateRequest, epoch: int) -> GenerateResult:
         url = self.affinity.pick(req.session, self.urls, self.outstanding.__getitem__)
         rid, version = req.rid or uuid.uuid4().hex, self._version
+        if rid in self._abort_rids or epoch != self._abort_epoch:
+            self._abort_rids.discard(rid)
+            return GenerateResult(req.rid, [], [], "abort", version, {"engine": "vllm-server"})
         self.outstanding[url] += 1
         try:
             async with session.post(url + "/v1/completions", json=completion_payload(self.models[url], req, rid)) as resp:
@@ -123,6 +129,7 @@ class VllmHttpEngine:
             return GenerateResult(req.rid, [], [], "error", version, {"error": f"{url}: {e!r}"})
         finally:
             self.outstanding[url] -= 1
+            self._abort_rids.discard(rid)
 
     def update_weights(
         self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int
@@ -149,6 +156,12 @@ class VllmHttpEngine:
                 shutil.rmtree(old, ignore_errors=True)
 
     def abort(self, rid: str | None = None) -> None:
+        # A server drops an abort of an id it has not seen yet: a request aborted before it was sent
+        # is not sent (``_one`` checks the epoch of its call and the aborted ids).
+        if rid is None:
+            self._abort_epoch += 1
+        else:
+            self._abort_rids.add(rid)
         body = {} if rid is None else {"request_ids": [f"cmpl-{rid}-0"]}
         for url in self.urls:
             try:
