@@ -89,7 +89,6 @@ class _Req:
     versions: list[int] = field(default_factory=list)
     top_ids: list[list[int]] = field(default_factory=list)
     top_log_probs: list[list[float]] = field(default_factory=list)
-    added: bool = False  # handed to vLLM
     cached_tokens: int = 0  # prompt tokens vLLM took from its prefix cache
 
     @property
@@ -310,7 +309,6 @@ class VllmEngine:
     def _add(self, row: _Req) -> None:
         from vllm import TokensPrompt
 
-        row.added = True
         self._live[row.vid] = row
         self.llm.add_request(row.vid, TokensPrompt(prompt_token_ids=list(row.req.prompt_ids)),
                              vllm_params(row.req.params))
