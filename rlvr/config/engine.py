@@ -1,7 +1,8 @@
 """``EngineConfig``: which inference engines sample the rollouts and how they are supervised (the
 ``engine`` group of the typed config).
 
-Local mode samples with the embedded engine in the training process, unless
+Local mode samples with the embedded engine in the training process (or vLLM's engine with
+``--rollout-engine vllm``, ``rlvr.engine.vllm_engine``), unless
 ``--rollout-external-engine-addrs`` names SGLang-protocol servers (``HttpEngine``), or
 ``--rollout-num-engines`` > 1 / ``--use-fault-tolerance`` asks for ``rlvr serve`` processes under the
 engine supervisor (``rlvr.engine.supervisor``). Under ``--ray`` the engines are actors, supervised
@@ -22,6 +23,11 @@ from rlvr.config.fields import option as _f
 class EngineConfig:
     """Inference engines: embedded, external servers, or supervised processes / actors."""
 
+    rollout_engine: str = _f("embedded", "engine that samples in local mode: embedded (rlvr's own) or vllm (vLLM's LLMEngine "
+                                         "in this process, or the vLLM servers of --rollout-external-engine-addrs; needs "
+                                         "vLLM: `make vllm` on CPU)", ["embedded", "vllm"])
+    vllm_kv_cache_gb: float = _f(1.0, "--rollout-engine vllm: GiB of memory for vLLM's KV cache (its --kv-cache-memory-bytes)",
+                                 gt=0)
     rollout_max_running_requests: int = _f(256, "embedded engine: responses decoded together (batch slots)", ge=1)
     sglang_mem_fraction_static: float | None = _f(
         None, "embedded engine: fraction of the device's memory (GPU memory on CUDA, physical memory on CPU) its weights "
@@ -57,6 +63,10 @@ class EngineConfig:
         if self.sglang_mem_fraction_static is not None and (self.rollout_external_engine_addrs or self.uses_engine_processes):
             raise ConfigError("--sglang-mem-fraction-static", "budgets the embedded engine's memory (in process or a Ray "
                               "actor); external and rlvr serve engines manage their own: set it on those servers")
+        if self.rollout_engine == "vllm" and self.uses_engine_processes:
+            raise ConfigError("--rollout-engine", "vllm runs one vLLM engine in the training process, or talks to vLLM "
+                              "servers given with --rollout-external-engine-addrs; it does not launch or supervise "
+                              "server processes (drop --rollout-num-engines > 1 / --use-fault-tolerance)")
         if self.use_fault_tolerance and self.rollout_external_engine_addrs:
             raise ConfigError("--use-fault-tolerance", "restarts the engine processes rlvr launches itself; it cannot restart "
                               "--rollout-external-engine-addrs servers (drop one of the two)")

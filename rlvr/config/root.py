@@ -129,6 +129,8 @@ class Config:
             self._validate_ray()
         if self.cluster.colocate:
             self._validate_colocate()
+        if self.engine.rollout_engine == "vllm":
+            self._validate_vllm()
         if (self.agent.tools or self.agent.environment_path) and not self.data.apply_chat_template:
             raise ConfigError("--tools" if self.agent.tools else "--environment-path",
                               "multi-turn chat needs --apply-chat-template (turns follow the chat template)")
@@ -186,6 +188,26 @@ class Config:
         for flag, bad, why in refused:
             if bad:
                 raise ConfigError(flag, f"with --colocate: {why}")
+
+    def _validate_vllm(self) -> None:
+        """What the in-process vLLM engine (``rlvr.engine.vllm_engine``) cannot do, refused before it starts."""
+        refused = [
+            ("--ray", self.cluster.ray, "Ray's engine actors are embedded engines; drop --ray"),
+            ("--colocate", self.cluster.colocate, "vLLM cannot release its weights on CPU (its sleep mode is a no-op "
+             "there); drop --colocate"),
+            ("--deterministic-mode", self.run.deterministic_mode, "vLLM's per-request seeds killed the CPU engine under "
+             "concurrent requests, and its batches depend on arrival, so a run cannot be repeated bit for bit; use the "
+             "embedded engine for that"),
+            ("--rollout-top-p", self.rollout.rollout_top_p != 1, "vLLM's log-probs are renormalised over the top-p set, "
+             "not the full vocabulary the trainer compares them with; use 1 or the embedded engine"),
+            ("--rollout-top-k", self.rollout.rollout_top_k != -1, "vLLM's log-probs are renormalised over the top-k set, "
+             "not the full vocabulary the trainer compares them with; use -1 or the embedded engine"),
+            ("--use-rollout-routing-replay", self.train.use_rollout_routing_replay, "the vLLM engine does not return "
+             "routed experts here; use the embedded engine"),
+        ]
+        for flag, bad, why in refused:
+            if bad:
+                raise ConfigError(flag, f"with --rollout-engine vllm: {why}")
 
     def _validate_ray(self) -> None:
         """What ``--ray`` cannot do (yet), refused before any actor starts."""

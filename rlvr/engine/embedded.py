@@ -595,7 +595,7 @@ class EmbeddedEngine:
         mask = torch.cat([b.mask, b.mask.new_ones(len(b), 1)], dim=1)
         logits = self.model(
             input_ids=b.last.unsqueeze(-1), attention_mask=mask, position_ids=b.next_pos.unsqueeze(-1),
-            cache=b.cache, use_cache=True,
+            **kv.cache_arg(self.model, b.cache), use_cache=True,
         ).logits[:, -1, :].float()
         self.steps += 1
         if self.routing is not None:  # the routing of each row's last token, fed this step
@@ -622,7 +622,8 @@ class EmbeddedEngine:
         position = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
         logits = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=position, cache=cache, use_cache=True, logits_to_keep=1
+            input_ids=ids, attention_mask=mask, position_ids=position, **kv.cache_arg(self.model, cache), use_cache=True,
+            logits_to_keep=1
         ).logits[:, -1, :].float()
         fan = self._index([i for i, g in enumerate(groups) for _ in g.rows])
         rows = [r for g in groups for r in g.rows]

