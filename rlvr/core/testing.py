@@ -7,8 +7,9 @@ Production code calls these at fixed points; outside tests they do nothing.
   resumed run logs the same values as one never stopped.
 * ``trainer_seam()``: the trainer's test-only switches (``TrainerSeam``), production defaults
   unless a test changes them for a block with ``override_trainer(...)``: a hook on every
-  micro-batch loss of the policy (guard tests poison a rollout with NaN), and turning off the
-  on-policy reuse of the training forward as p0 (tests compare it with a separate forward).
+  micro-batch loss of the policy (guard tests poison a rollout with NaN), turning off the
+  on-policy reuse of the training forward as p0 (tests compare it with a separate forward), and
+  turning off the skip of samples without signal (tests and benchmarks compare it with the full path).
   Process-local: a Ray training rank never sees a driver's override.
 * ``fault_point(name)``: fault-tolerance tests make code that must survive its own errors raise
   at a named point (``engine-monitor``: each health check of the engine supervisor's monitor) by
@@ -59,6 +60,8 @@ class TrainerSeam:
     loss_hook: Callable[[int, Tensor], Tensor] | None = None
     # False: p0 always comes from a separate forward, never from the on-policy training forward.
     p0_from_train_forward: bool = True
+    # False: samples without signal (``rlvr.algo.silent_samples``) run forward/backward like the rest.
+    skip_silent_samples: bool = True
 
 
 _trainer_seam = TrainerSeam()
