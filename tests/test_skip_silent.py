@@ -123,3 +123,51 @@ def test_silent_samples_rule():
     for cfg in (AlgoConfig(use_kl_loss=True, kl_loss_coef=0.0), AlgoConfig(use_tis=True, use_opsm=True),
                 AlgoConfig(pg_loss_type="cispo"), AlgoConfig(advantage_estimator="gspo")):
         assert silent_samples(adv, mask, cfg).tolist() == [True, True, False, True, False]
+
+
+# ---- data-parallel: two gloo ranks in their own processes --------------------------------------
+UNEVEN = [1, 1, 1, 1, 0, 0.5, 0.75, 0.75]  # 5 silent (the 0.5 sits at its group's mean), 3 with signal
+
+
+def _rank(rank: int, port: int, ckpt: str, backend: str, rollouts, out: str) -> None:
+    import torch.distributed as dist
+
+    from rlvr.train.parallel import DataParallel
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    tr = Trainer(TrainConfig(hf_checkpoint=ckpt, lr=1e-2, weight_decay=0.1), AlgoConfig(), n_samples_per_prompt=GROUP,
+                 parallel=DataParallel(backend, balance=False))
+    metrics = [tr.train(r, samples) for r, samples in enumerate(rollouts)]
+    weights = tr.weights()  # FSDP2: gathered on rank 0 (a collective)
+    if rank == 0:
+        torch.save({"weights": [w.clone() for w in weights.values()], "metrics": metrics}, out)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("backend", ["ddp", "fsdp"])
+def test_data_parallel_ranks_stay_in_step(tiny_qwen2, tmp_path, backend):
+    """Two ranks: an odd number of samples with signal (one silent sample put back so the shares
+    stay equal), then a rollout with none at all (no micro-batch on any rank). Both ranks finish,
+    and the weights are the single process's to float rounding."""
+    import multiprocessing
+
+    from rlvr.engine.processes import free_port
+
+    rollouts = [_samples(UNEVEN, seed=7), _samples([0.0] * 8, seed=8)]
+    out, port, ctx = tmp_path / "rank0.pt", free_port(), multiprocessing.get_context("spawn")
+    ranks = [ctx.Process(target=_rank, args=(r, port, str(tiny_qwen2), backend, rollouts, str(out))) for r in (0, 1)]
+    for p in ranks:
+        p.start()
+    for p in ranks:
+        p.join(timeout=120)
+    alive = [p for p in ranks if p.is_alive()]
+    for p in alive:
+        p.kill()
+    assert not alive and [p.exitcode for p in ranks] == [0, 0], "a rank hung or failed (collectives out of step)"
+    got = torch.load(out, weights_only=False)
+    assert [m["perf/zero_adv_skipped_frac"] for m in got["metrics"]] == [4 / 8, 1.0]
+    single, _, _, metrics = _run(tiny_qwen2, rollouts, True)
+    assert [m["perf/zero_adv_skipped_frac"] for m in metrics] == [5 / 8, 1.0]
+    for x, y in zip(single, got["weights"], strict=True):
+        torch.testing.assert_close(x, y, rtol=0, atol=5e-5)
