@@ -171,3 +171,17 @@ def test_data_parallel_ranks_stay_in_step(tiny_qwen2, tmp_path, backend):
     assert [m["perf/zero_adv_skipped_frac"] for m in metrics] == [5 / 8, 1.0]
     for x, y in zip(single, got["weights"], strict=True):
         torch.testing.assert_close(x, y, rtol=0, atol=5e-5)
+
+
+def test_log_prob_metrics_cover_the_samples_that_ran(tiny_qwen2):
+    """On-policy p0 comes from the training forward: the samples it skipped have none, so
+    ``rollout/log_probs`` and ``train/train_rollout_logprob_abs_diff`` are means over the others,
+    and absent when every sample was skipped."""
+    samples = _samples(ALIGNED, seed=9)
+    with_signal = [s for s in samples if s.index >= 4 and s.index // GROUP != 2]
+    *_, (both,) = _run(tiny_qwen2, [samples], True)
+    *_, (alone,) = _run(tiny_qwen2, [with_signal], True)  # the same samples, trained on their own
+    for key in ("rollout/log_probs", "train/train_rollout_logprob_abs_diff"):
+        assert both[key] == pytest.approx(alone[key], rel=1e-5)
+    *_, (silent,) = _run(tiny_qwen2, [_samples([1.0] * 8, seed=9)], True)
+    assert "rollout/log_probs" not in silent and "train/train_rollout_logprob_abs_diff" not in silent

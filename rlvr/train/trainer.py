@@ -414,8 +414,10 @@ class Trainer:
         metrics["train/overlong_samples"] = n - len(batch.kept)
         # Samples without signal that ran no forward/backward, as a fraction of those trained on.
         metrics["perf/zero_adv_skipped_frac"] = batch.skipped / max(len(batch.kept), 1)
-        diff = (batch.old_log_probs - batch.rollout_log_probs).abs()
-        metrics["train/train_rollout_logprob_abs_diff"] = float(masked_mean(diff, self._scored(batch)))
+        scored = self._scored(batch)  # p0 from the training forward: none for the samples it skipped
+        if scored:
+            diff = (batch.old_log_probs[scored] - batch.rollout_log_probs[scored]).abs()
+            metrics["train/train_rollout_logprob_abs_diff"] = float(masked_mean(diff, mask[scored]))
         metrics["train/advantage_mean"] = float(masked_mean(batch.advantages, mask))
         metrics |= self._rollout_data_metrics(batch)
         if batch.opd_reverse_kl is not None:  # slime's name; tokens with a teacher answer
@@ -446,19 +448,18 @@ class Trainer:
         per_token = {"log_probs": batch.old_log_probs, "ref_log_probs": batch.ref_log_probs,
                      "rollout_log_probs": batch.rollout_log_probs, "advantages": batch.advantages,
                      "returns": batch.returns, "values": batch.values}
+        if batch.unscored:  # p0 from the training forward: the mean over the samples that had one, if any
+            per_token["log_probs"] = None
         out = rollout_data_metrics(batch.mask, per_token, per_sample)
-        if batch.unscored:  # p0 from the training forward: the rows that had one
-            out |= rollout_data_metrics(self._scored(batch), {"log_probs": batch.old_log_probs}, {})
+        scored = self._scored(batch)
+        if batch.unscored and scored:
+            out |= rollout_data_metrics(batch.mask[scored], {"log_probs": batch.old_log_probs[scored]}, {})
         return out
 
     @staticmethod
-    def _scored(batch: RolloutTensors) -> torch.Tensor:
-        """The loss mask without the rows whose p0 no forward computed (p0_in_loss, skipped samples)."""
-        if not batch.unscored:
-            return batch.mask
-        keep = torch.ones(len(batch.samples), 1, device=batch.mask.device)
-        keep[sorted(batch.unscored)] = 0.0
-        return batch.mask * keep
+    def _scored(batch: RolloutTensors) -> list[int]:
+        """The rows whose p0 is known: all but the samples the training forward skipped (p0_in_loss)."""
+        return [i for i in range(len(batch.samples)) if i not in batch.unscored]
 
     # ---- internals -------------------------------------------------------------------------
     def _policy_step(self, rollout_id: int, samples: list[Sample], mbs: list[list[int]], mask: torch.Tensor,
