@@ -74,7 +74,7 @@ from rlvr.config import TrainConfig
 from rlvr.observe.rollout_data import rollout_data_metrics, slime_rewards
 from rlvr.compat.slime.plugins import estimator_rewards
 from rlvr.core.device import trim_host_heap
-from rlvr.core.testing import hook_loss, trainer_seam
+from rlvr.core.testing import hook_loss, skip_silent_samples, trainer_seam
 from rlvr.train import lora, routing_replay
 from rlvr.train.batching import first_fit_decreasing, fixed_size, micro_batches, pad_right
 from rlvr.train.critic import CriticTrainer
@@ -353,7 +353,7 @@ class Trainer:
         """The kept samples that add nothing to the policy's gradient (``rlvr.algo.silent_samples``:
         advantage 0 everywhere and no term that survives it): no forward or backward runs for them.
         Not with LoRA dropout, whose random masks for the other samples would then differ."""
-        if not trainer_seam().skip_silent_samples or (self.peft is not None and self.cfg.lora_dropout):
+        if not skip_silent_samples() or (self.peft is not None and self.cfg.lora_dropout):
             return set()
         silent = silent_samples(batch.advantages, batch.mask, self.algo).tolist()
         return {i for i in batch.kept if silent[i]}
