@@ -29,8 +29,9 @@ reported, as wall time and as process CPU time (the latter is far less sensitive
 ``--apply-chat-template``; TRL conversational prompts, which it renders with the same template),
 up to ``--max-new`` (default 64) new tokens, and both sides recompute activations in backward
 (rlvr ``--recompute-activations``, TRL ``gradient_checkpointing``), which a 135M-parameter model's
-8 x 8 rollout needs to stay within a few GB; TRL takes the 64 samples as 4 micro-batches of 16
-(one optimizer step per rollout on both sides), rlvr packs them under ``--max-tokens-per-gpu 8192``.
+8 x 8 rollout at 64 tokens needs to stay within a few GB (``--no-recompute``: neither side does);
+TRL takes the 64 samples as 4 micro-batches of 16 (one optimizer step per rollout on both sides),
+rlvr packs them under ``--max-tokens-per-gpu 8192``.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ sys.path.insert(0, str(HERE))
 N_PROMPTS, N_SAMPLES, MAX_NEW = 8, 8, 32
 
 
-def run_rlvr(model: Path, data: Path, out: Path, steps: int, max_new: int, real: bool) -> tuple[list[float], list[float]]:
+def run_rlvr(model: Path, data: Path, out: Path, steps: int, max_new: int, real: bool,
+             recompute: bool) -> tuple[list[float], list[float]]:
     import rlvr.observe.run_files
     from rlvr.runtime.configure import parse_config
     from rlvr.runtime.loop import run
@@ -71,7 +73,7 @@ def run_rlvr(model: Path, data: Path, out: Path, steps: int, max_new: int, real:
                         "--rollout-max-response-len", str(max_new), "--rollout-temperature", "1.0",
                         "--lr", "1e-6", "--num-rollout", str(steps), "--use-dynamic-batch-size",
                         "--max-tokens-per-gpu", "8192" if real else "4096", "--output-dir", str(out)]
-                       + (["--apply-chat-template", "--recompute-activations"] if real else []))
+                       + (["--apply-chat-template"] if real else []) + (["--recompute-activations"] if recompute else []))
     run(cfg, console=False)
     return _deltas(ends[:-1])  # steps 1 .. n-2 (the last one also writes the final checkpoint)
 
@@ -81,7 +83,8 @@ def _deltas(ends: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
     return ([b[0] - a[0] for a, b in zip(ends, ends[1:])], [b[1] - a[1] for a, b in zip(ends, ends[1:])])
 
 
-def run_trl(model: Path, data: Path, out: Path, steps: int, max_new: int, real: bool) -> tuple[list[float], list[float]]:
+def run_trl(model: Path, data: Path, out: Path, steps: int, max_new: int, real: bool,
+            recompute: bool) -> tuple[list[float], list[float]]:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -105,7 +108,7 @@ def run_trl(model: Path, data: Path, out: Path, steps: int, max_new: int, real: 
     tokenizer = AutoTokenizer.from_pretrained(model)
     micro = 16 if real else N_PROMPTS * N_SAMPLES
     args = GRPOConfig(output_dir=str(out), per_device_train_batch_size=micro,
-                      gradient_accumulation_steps=N_PROMPTS * N_SAMPLES // micro, gradient_checkpointing=real,
+                      gradient_accumulation_steps=N_PROMPTS * N_SAMPLES // micro, gradient_checkpointing=recompute,
                       num_generations=N_SAMPLES, max_completion_length=max_new, temperature=1.0,
                       learning_rate=1e-6, beta=0.0, max_steps=steps, logging_steps=1, save_strategy="no",
                       report_to="none", use_cpu=True, bf16=False, seed=1234, dataloader_num_workers=0)
@@ -147,7 +150,8 @@ def side(args) -> None:
 
     set_threads(args.threads)
     fn = run_rlvr if args.side == "rlvr" else run_trl
-    wall, cpu = fn(Path(args.side_model), Path(args.data), Path(args.out), args.steps, args.max_new, args.real)
+    wall, cpu = fn(Path(args.side_model), Path(args.data), Path(args.out), args.steps, args.max_new, args.real,
+                   args.real and not args.no_recompute)
     print("STEP_TIMES " + json.dumps({"wall": wall, "cpu": cpu}))
 
 
@@ -162,6 +166,8 @@ def main() -> None:
     ap.add_argument("--side", choices=["rlvr", "trl"], help=argparse.SUPPRESS)
     ap.add_argument("--model", help="a real instruct checkpoint (chat prompts; see above)")
     ap.add_argument("--max-new", type=int, default=None, help=f"new tokens per sample (default {MAX_NEW}; 64 with --model)")
+    ap.add_argument("--no-recompute", action="store_true",
+                    help="--model: neither side recomputes activations (default: both do)")
     ap.add_argument("--side-model", help=argparse.SUPPRESS)
     ap.add_argument("--real", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
@@ -194,7 +200,7 @@ def main() -> None:
         for name in ("rlvr", "trl"):
             cmd = [sys.executable, __file__, "--side", name, "--side-model", str(model), "--data", str(data),
                    "--out", str(root / f"{name}-{r}"), "--steps", str(args.steps), "--threads", str(args.threads),
-                   "--max-new", str(max_new)] + (["--real"] if real else [])
+                   "--max-new", str(max_new)] + (["--real"] if real else []) + (["--no-recompute"] if args.no_recompute else [])
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
             line = [x for x in proc.stdout.splitlines() if x.startswith("STEP_TIMES ")]
             if proc.returncode or not line:
@@ -212,7 +218,8 @@ def main() -> None:
                       "trl_s_per_step": round(med["trl"]["wall"], 4),
                       "ratio": round(med["trl"]["wall"] / med["rlvr"]["wall"], 3),
                       "rlvr_cpu_s_per_step": round(med["rlvr"]["cpu"], 4), "trl_cpu_s_per_step": round(med["trl"]["cpu"], 4),
-                      "cpu_ratio": round(med["trl"]["cpu"] / med["rlvr"]["cpu"], 3)}))
+                      "cpu_ratio": round(med["trl"]["cpu"] / med["rlvr"]["cpu"], 3),
+                      "recompute_activations": real and not args.no_recompute}))
 
 if __name__ == "__main__":
     main()

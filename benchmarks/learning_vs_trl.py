@@ -12,7 +12,10 @@ top-k), learning rate (constant: neither side knows its step count in advance un
 budget), Adam betas, gradient clipping, PPO clip range (0.2 / 0.28 in the tiny recipe, 0.2 / 0.2
 in SmolLM2's), one optimizer step per rollout (on-policy), group-normalised advantages (mean and
 std), per-sequence token-mean loss (TRL ``loss_type="grpo"``), and the tiny recipe's KL loss to the
-initial policy with the k3 estimator (rlvr ``low_var_kl``, TRL ``beta``; SmolLM2's has none).
+initial policy with the k3 estimator (rlvr ``low_var_kl``, TRL ``beta``; SmolLM2's has none),
+and the same recomputation choice (rlvr ``--recompute-activations`` from the recipe, or on for both
+with ``--recompute-activations`` here; TRL ``gradient_checkpointing``, which TRL 1.16 turns on by
+default, so it is always set explicitly).
 What TRL cannot do identically: the tiny demo's DAPO dynamic-sampling filter (``nonzero_std``:
 resample until every group in the batch has reward variance) has no TRL counterpart, so it is
 off on the rlvr side too; and rlvr clamps k3 to [-10, 10] (slime's ``low_var_kl``), TRL does not
@@ -61,7 +64,8 @@ def shared_settings(recipe: str) -> dict:
     return {"prompts": c.rollout_batch_size, "samples": c.n_samples_per_prompt, "max_len": c.rollout_max_response_len,
             "temperature": c.rollout_temperature, "lr": c.lr, "kl_coef": c.kl_loss_coef if c.use_kl_loss else 0.0,
             "eps": eps, "eps_high": eps_high, "clip_grad": c.clip_grad, "beta2": c.adam_beta2,
-            "chat": c.apply_chat_template, "model": str(c.hf_checkpoint), "data": str(c.prompt_data), "test": str(test)}
+            "chat": c.apply_chat_template, "model": str(c.hf_checkpoint), "data": str(c.prompt_data), "test": str(test),
+            "recompute": c.recompute_activations}
 
 
 def prepare(recipe: str) -> None:
@@ -129,7 +133,8 @@ def run_rlvr(s: dict, model: Path, data: Path, out: Path, budget: float, every: 
         *(["--use-kl-loss", "--kl-loss-coef", str(s["kl_coef"]), "--kl-loss-type", "low_var_kl"] if s["kl_coef"] else []),
         "--advantage-estimator", "grpo", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "4096",
         "--num-rollout", "1000000", "--seed", str(seed), "--rollout-seed", str(seed), "--output-dir", str(out / "run"),
-        *(["--apply-chat-template"] if s["chat"] else [])])
+        *(["--apply-chat-template"] if s["chat"] else []),
+        *(["--recompute-activations"] if s["recompute"] else [])])
     rollout = Step.rollout
 
     def timed(self, rollout_id):
@@ -181,7 +186,7 @@ def run_trl(s: dict, model: Path, data: Path, out: Path, budget: float, every: f
         max_grad_norm=s["clip_grad"] or 1e9, beta=s["kl_coef"], epsilon=s["eps"], epsilon_high=s["eps_high"],
         loss_type="grpo", scale_rewards="group", num_iterations=1, gradient_accumulation_steps=1,
         max_steps=1_000_000, logging_steps=50, save_strategy="no", report_to="none", use_cpu=True, bf16=False,
-        seed=seed, dataloader_num_workers=0)
+        seed=seed, dataloader_num_workers=0, gradient_checkpointing=s["recompute"])
     policy = AutoModelForCausalLM.from_pretrained(model)
     trainer = GRPOTrainer(model=policy, reward_funcs=math_reward, args=args, train_dataset=Dataset.from_list(rows),
                           processing_class=tokenizer, callbacks=[Clock()])
@@ -223,7 +228,8 @@ def plot(curves: dict[str, list[tuple[float, float]]], out: Path, title: str) ->
 def run_side(name: str, args, root: Path, env: dict) -> dict:
     cmd = [sys.executable, __file__, "--side", name, "--recipe", args.recipe, "--model", str(args.model),
            "--data", str(args.data), "--out", str(root / name), "--budget", str(args.budget),
-           "--mark-every", str(args.mark_every), "--seed", str(args.seed), "--threads", str(args.threads)]
+           "--mark-every", str(args.mark_every), "--seed", str(args.seed), "--threads", str(args.threads),
+           *(["--recompute-activations"] if args.recompute_activations else [])]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode or not (root / name / "marks.json").is_file():
@@ -243,6 +249,8 @@ def main() -> None:
     ap.add_argument("--test", default=None, help="held-out prompts (default: the recipe's first eval set)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--recompute-activations", action="store_true",
+                    help="both sides recompute activations in backward (default: the recipe's choice, on both sides)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--png", default=None, help="the plot (default: docs/learning_vs_trl.png, "
                     "docs/learning_vs_trl_smollm2.png for the SmolLM2 recipe)")
@@ -256,6 +264,7 @@ def main() -> None:
     if not args.side:
         prepare(args.recipe)
     s = shared_settings(args.recipe)
+    s["recompute"] = s["recompute"] or args.recompute_activations
     args.png = args.png or str(ROOT / ("docs/learning_vs_trl_smollm2.png" if args.recipe == SMOLLM2_RECIPE
                                        else "docs/learning_vs_trl.png"))
     args.model, args.data, args.test = (Path(getattr(args, k) or s[k]).resolve() for k in ("model", "data", "test"))
@@ -291,6 +300,7 @@ def report(args, s: dict, root: Path, sides: dict) -> None:
                f"GRPO from {args.model.name}, {args.budget:.0f} s per side, {args.threads} thread(s)")
     print(f"plot: {png}")
     print(json.dumps({"bench": "learning_vs_trl", "recipe": args.recipe, "budget_s": args.budget, "start_acc": start,
+                      "recompute_activations": s["recompute"], "seed": args.seed,
                       "rlvr_acc": rlvr_acc, "trl_acc": trl_acc,
                       "rlvr_time_to_trl_final_s": None if reach is None else round(reach, 1),
                       "rlvr_steps": sides["rlvr"]["steps"], "trl_steps": sides["trl"]["steps"]}))

@@ -25,6 +25,11 @@ float32 matmul rate at the same thread count (best of 3 square GEMMs of ``--gemm
 FLOPs utilisation = 6 x parameters x positions the packed step computes per second / that rate,
 by wall time and by process CPU time (steady when other jobs share the cores); with
 ``--recompute-activations`` the hardware does 8 x, the recomputed forward included.
+``--silent-groups F``: the first F of the groups get one reward for every sample (no variance, so
+every GRPO advantage is 0, as in ~78% of the demo's first groups); the trainer then runs forward
+and backward on the other groups only, and a third variant, ``packed_no_skip``, runs every sample
+(``override_trainer(skip_silent_samples=False)``) in the same rounds; the MFU counts the positions
+the skipping step computes.
 
 Ends with one JSON line per model.
 """
@@ -45,6 +50,7 @@ from common import model_dir, rl_samples, set_threads  # noqa: E402
 
 from rlvr.algo import AlgoConfig  # noqa: E402
 from rlvr.config import TrainConfig  # noqa: E402
+from rlvr.core.testing import override_trainer  # noqa: E402
 from rlvr.train.packing import Layout, pad  # noqa: E402
 from rlvr.train.trainer import Trainer  # noqa: E402
 
@@ -74,25 +80,33 @@ def real_model(args) -> None:
 
     tok = AutoTokenizer.from_pretrained(args.model)
     samples = chat_samples(tok, args.prompts, args.per_prompt, args.max_response)
+    silent = round(args.silent_groups * args.prompts) * args.per_prompt  # the first groups: every reward 0
+    for s in samples[:silent]:
+        s.reward = 0.0
     cfg = TrainConfig(hf_checkpoint=args.model, lr=1e-7, use_dynamic_batch_size=True, use_rollout_logprobs=True,
                       max_tokens_per_gpu=args.max_tokens_per_gpu, recompute_activations=args.recompute_activations)
     trainer = Trainer(cfg, AlgoConfig(), n_samples_per_prompt=args.per_prompt)
     n_params = sum(p.numel() for p in trainer.model.parameters())
     bins = trainer._micro_batches(samples, list(range(len(samples))))
     tokens = sum(s.total_length for s in samples)
-    positions = {"packed": sum(Layout().batch([samples[i] for i in b]).slots for b in bins),
+    positions = {"packed": sum(Layout().batch([samples[i] for i in b]).slots
+                               for b in trainer._micro_batches(samples, list(range(silent, len(samples))))),
                  "padded": sum(pad([samples[i] for i in b]).slots for b in bins)}
     print(f"{args.model}: {n_params / 1e6:.1f}M parameters; {len(samples)} samples, {tokens} tokens in {len(bins)} "
           f"micro-batches; positions computed: packed {positions['packed']}, padded {positions['padded']}")
-    layouts = {"packed": Layout()} | ({} if args.packed_only else {"padded": Layout(packed=False)})
+    layouts = {"packed": (Layout(), True)} | ({} if args.packed_only else {"padded": (Layout(packed=False), True)})
+    if silent:
+        layouts["packed_no_skip"] = (Layout(), False)
+        print(f"  {silent} of {len(samples)} samples in groups without reward variance")
     runs: dict[str, list[tuple[float, float]]] = {k: [] for k in layouts}
     rates = []
     for r in range(args.rounds + 1):  # round 0 warms up
         rates.append(gemm_flops(args.gemm_size))
-        for name, layout in layouts.items():
+        for name, (layout, skip) in layouts.items():
             trainer.layout = layout
             c0 = time.process_time()
-            m = trainer.train(r, samples)
+            with override_trainer(skip_silent_samples=skip):
+                m = trainer.train(r, samples)
             cpu = time.process_time() - c0
             if r:
                 runs[name].append((m["perf/train_time"], cpu))
@@ -114,7 +128,13 @@ def real_model(args) -> None:
            "cpu_ratio": round(cpu["padded"] / cpu["packed"], 3) if "padded" in wall else None,
            "packed_s": round(wall["packed"], 2), "packed_cpu_s": round(cpu["packed"], 2),
            "matmul_gflop_s": round(rate / 1e9, 1), "matmul_gflop_per_cpu_s": round(cpu_rate / 1e9, 1),
-           "mfu": round(mfu, 3), "mfu_cpu_time": round(cpu_mfu, 3)}
+           "mfu": round(mfu, 3), "mfu_cpu_time": round(cpu_mfu, 3), "silent_samples": silent}
+    if silent:
+        row |= {"no_skip_s": round(wall["packed_no_skip"], 2), "no_skip_cpu_s": round(cpu["packed_no_skip"], 2),
+                "skip_speedup": round(wall["packed_no_skip"] / wall["packed"], 3),
+                "skip_speedup_cpu": round(cpu["packed_no_skip"] / cpu["packed"], 3)}
+        print(f"skipping {silent} silent samples: {row['skip_speedup']}x by wall time, {row['skip_speedup_cpu']}x by "
+              f"CPU time ({row['packed_s']} vs {row['no_skip_s']} s)")
     vs = "" if args.packed_only else f" vs padded {row['padded_tok_s']} tok/s: {row['ratio']}x (CPU {row['cpu_ratio']}x)"
     print(f"packed {row['packed_tok_s']:.0f} tok/s{vs}; matmul {row['matmul_gflop_s']} GFLOP/s "
           f"({row['matmul_gflop_per_cpu_s']} per CPU-s); MFU {mfu:.1%} by wall time, {cpu_mfu:.1%} by CPU time")
@@ -137,6 +157,8 @@ def main() -> None:
     ap.add_argument("--gemm-size", type=int, default=2048)
     ap.add_argument("--recompute-activations", action="store_true")
     ap.add_argument("--packed-only", action="store_true", help="--model: no padded steps (the MFU alone)")
+    ap.add_argument("--silent-groups", type=float, default=0.0,
+                    help="--model: fraction of the groups whose rewards are all equal (advantage 0; see above)")
     args = ap.parse_args()
     set_threads(args.threads)
     real = args.model is not None

@@ -20,7 +20,10 @@ def _cfg(ckpt, arith_files, out, *extra):
 
 
 def _poison(rollouts):
-    return override_trainer(loss_hook=lambda rid, loss: loss * float("nan") if rid in rollouts else loss)
+    # Every sample runs its forward: the tiny model's rollouts often score 0 throughout (no
+    # advantage anywhere), and a rollout with no micro-batch has no loss to poison.
+    return override_trainer(loss_hook=lambda rid, loss: loss * float("nan") if rid in rollouts else loss,
+                            skip_silent_samples=False)
 
 
 def _keep_trainer(monkeypatch, seen):

@@ -5,7 +5,7 @@ corrections (TIS, ICE-POP, OPSM, score centering) and loss aggregation. No state
 algorithm code receives ``cfg.algo`` (an ``AlgoConfig``) and tensors. See docs/algorithms.md.
 """
 
-from rlvr.algo.actor_loss import actor_loss
+from rlvr.algo.actor_loss import actor_loss, silent_samples
 from rlvr.algo.advantages import (
     ADVANTAGES,
     AdvantageInputs,
@@ -68,5 +68,6 @@ __all__ = [
     "register_estimator",
     "register_policy_loss",
     "score_centering_loss",
+    "silent_samples",
     "tis_weights",
 ]

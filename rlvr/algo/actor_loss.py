@@ -78,3 +78,28 @@ def actor_loss(
             loss = loss + cfg.kl_loss_coef * kl
         metrics["kl_loss"] = kl
     return loss, metrics
+
+
+def silent_samples(advantages: Tensor, loss_mask: Tensor, cfg: AlgoConfig) -> Tensor:
+    """Which samples add exactly nothing to ``actor_loss``'s aggregated gradient: ``[B]`` bool.
+
+    A sample is silent when no token of it is in ``loss_mask`` (the aggregation multiplies every
+    term by the mask), or when every masked token's advantage is 0 and every term of the loss
+    vanishes with the advantage: the policy loss (each built-in multiplies it in; a registered
+    loss says so with ``zero_without_advantage``), OPSM and TIS (they multiply the policy loss),
+    score centering (``-sg(A) * centred``). The terms that do not vanish: the entropy bonus
+    (``--entropy-coef``), the KL loss (``--use-kl-loss`` with a non-zero ``--kl-loss-coef``) and a
+    ``--custom-tis-function-path`` (it may return any loss). The global normaliser counts a silent
+    sample as before, so leaving it out of the forward and backward leaves the gradient as it was.
+    A non-finite advantage is never silent (the bad-step guard must see it).
+
+    Args: advantages, loss_mask [B, T]. Returns: [B] bool.
+    """
+    masked = loss_mask != 0
+    empty = ~masked.any(dim=1)
+    policy_vanishes = cfg.use_score_centering or POLICY_LOSSES[policy_loss_name(cfg)].zero_without_advantage
+    others_vanish = not cfg.entropy_coef and not (cfg.use_kl_loss and cfg.kl_loss_coef) and not (
+        cfg.use_tis and cfg.custom_tis_function_path is not None)
+    if not (policy_vanishes and others_vanish):
+        return empty
+    return empty | ((advantages == 0) | ~masked).all(dim=1)

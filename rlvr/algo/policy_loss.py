@@ -37,6 +37,11 @@ class PolicyLoss:
     # TIS weight numerator: p0 for ratio-based losses; sg(p_theta) for a loss without
     # an importance ratio (REINFORCE), whose gradient is taken at p_theta itself.
     tis_numerator: str = "old"  # "old" (p0) or "current" (sg(p_theta))
+    # True when a token with advantage 0 has a zero loss gradient whatever the log-probs (every
+    # built-in: each multiplies the advantage into the loss). The trainer then runs no forward or
+    # backward for a sample whose advantages are all 0 (``actor_loss.silent_samples``); a loss
+    # registered without it is always computed.
+    zero_without_advantage: bool = False
 
     def __call__(self, log_probs, old_log_probs, advantages, loss_mask, cfg) -> tuple[Tensor, Metrics]:
         return self.fn(log_probs, old_log_probs, advantages, loss_mask, cfg)
@@ -45,13 +50,13 @@ class PolicyLoss:
 POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss", flag="--pg-loss-type")
 
 
-def register_policy_loss(name: str, *, tis_numerator: str = "old"):
+def register_policy_loss(name: str, *, tis_numerator: str = "old", zero_without_advantage: bool = False):
     """Decorator: register a policy loss function under ``name`` with its traits; returns it unchanged."""
     if tis_numerator not in ("old", "current"):
         raise ValueError(f"tis_numerator must be 'old' or 'current', got {tis_numerator!r}")
 
     def deco(fn: PolicyLossFn) -> PolicyLossFn:
-        POLICY_LOSSES.register(name)(PolicyLoss(fn, tis_numerator))
+        POLICY_LOSSES.register(name)(PolicyLoss(fn, tis_numerator, zero_without_advantage))
         return fn
 
     return deco
@@ -146,7 +151,7 @@ def compute_value_loss(
 # ------------------------------------------------------------------------- registered, uniform API
 
 
-@register_policy_loss("ppo")
+@register_policy_loss("ppo", zero_without_advantage=True)
 def ppo_loss(log_probs, old_log_probs, advantages, loss_mask, cfg) -> tuple[Tensor, Metrics]:
     """Token-level clipped PPO (GRPO, DAPO, REINFORCE++, PPO, DCPO all use it in slime)."""
     ppo_kl = old_log_probs - log_probs
@@ -155,7 +160,7 @@ def ppo_loss(log_probs, old_log_probs, advantages, loss_mask, cfg) -> tuple[Tens
     return loss, {"pg_clipfrac": clipfrac, "ppo_kl": ppo_kl.detach()}
 
 
-@register_policy_loss("gspo")
+@register_policy_loss("gspo", zero_without_advantage=True)
 def gspo_loss(log_probs, old_log_probs, advantages, loss_mask, cfg) -> tuple[Tensor, Metrics]:
     """GSPO: PPO clipping applied to the sequence-level ratio (GSPO-token form, see above)."""
     ppo_kl = -gspo_token_log_ratio(log_probs, old_log_probs, loss_mask)
@@ -164,7 +169,7 @@ def gspo_loss(log_probs, old_log_probs, advantages, loss_mask, cfg) -> tuple[Ten
     return loss, {"pg_clipfrac": clipfrac, "ppo_kl": ppo_kl.detach()}
 
 
-@register_policy_loss("cispo")
+@register_policy_loss("cispo", zero_without_advantage=True)
 def cispo_loss(log_probs, old_log_probs, advantages, loss_mask, cfg) -> tuple[Tensor, Metrics]:
     """CISPO with the configured clip range."""
     ppo_kl = old_log_probs - log_probs
@@ -173,7 +178,7 @@ def cispo_loss(log_probs, old_log_probs, advantages, loss_mask, cfg) -> tuple[Te
     return loss, {"pg_clipfrac": clipfrac, "ppo_kl": ppo_kl.detach()}
 
 
-@register_policy_loss("reinforce", tis_numerator="current")
+@register_policy_loss("reinforce", tis_numerator="current", zero_without_advantage=True)
 def reinforce_loss(log_probs, old_log_probs, advantages, loss_mask, cfg) -> tuple[Tensor, Metrics]:
     """Plain REINFORCE (Williams 1992): ``-A * log p_theta``, no ratio, no clipping.
 

@@ -7,8 +7,12 @@ Production code calls these at fixed points; outside tests they do nothing.
   resumed run logs the same values as one never stopped.
 * ``trainer_seam()``: the trainer's test-only switches (``TrainerSeam``), production defaults
   unless a test changes them for a block with ``override_trainer(...)``: a hook on every
-  micro-batch loss of the policy (guard tests poison a rollout with NaN), and turning off the
-  on-policy reuse of the training forward as p0 (tests compare it with a separate forward).
+  micro-batch loss of the policy (guard tests poison a rollout with NaN), turning off the
+  on-policy reuse of the training forward as p0 (tests compare it with a separate forward), and
+  turning off the skip of samples without signal (tests and benchmarks compare it with the full path;
+  ``RLVR_TEST_RUN_SILENT_SAMPLES=1`` in a run's environment does the same for a subprocess, for
+  end-to-end tests of the tiny models, whose rollouts often have no reward variance at all, that
+  check what the training forward computes).
   Process-local: a Ray training rank never sees a driver's override.
 * ``fault_point(name)``: fault-tolerance tests make code that must survive its own errors raise
   at a named point (``engine-monitor``: each health check of the engine supervisor's monitor) by
@@ -36,6 +40,7 @@ log = logging.getLogger(__name__)
 SIGKILL_AT_ENV = "RLVR_TEST_SIGKILL_AT"
 RAISE_AT_ENV = "RLVR_TEST_RAISE_AT"
 LOGICAL_GPUS_ENV = "RLVR_TEST_LOGICAL_GPUS"
+RUN_SILENT_ENV = "RLVR_TEST_RUN_SILENT_SAMPLES"
 
 _reached: dict[str, int] = {}  # fault point -> times reached in this process
 
@@ -59,6 +64,8 @@ class TrainerSeam:
     loss_hook: Callable[[int, Tensor], Tensor] | None = None
     # False: p0 always comes from a separate forward, never from the on-policy training forward.
     p0_from_train_forward: bool = True
+    # False: samples without signal (``rlvr.algo.silent_samples``) run forward/backward like the rest.
+    skip_silent_samples: bool = True
 
 
 _trainer_seam = TrainerSeam()
@@ -86,6 +93,11 @@ def override_trainer(**changes) -> Iterator[TrainerSeam]:
         yield _trainer_seam
     finally:
         _trainer_seam = before
+
+
+def skip_silent_samples() -> bool:
+    """Whether the trainer leaves samples without signal out of its forward/backward (the default)."""
+    return _trainer_seam.skip_silent_samples and os.environ.get(RUN_SILENT_ENV) != "1"
 
 
 def hook_loss(rollout_id: int, loss: Tensor) -> Tensor:

@@ -63,7 +63,9 @@ def accumulate(learner: Learner, mbs: list[list[int]], loss_fn: LossFn, mask: to
 
     ``loss_fn(mb) -> (scalar loss, per-token metrics [b, T])``: the loss already aggregated with the
     global ``denominator``; the metrics are aggregated here the same way (``mask`` [B, T]).
-    Returns ``loss`` and every metric summed over the micro-batches (and over the ranks).
+    Returns ``loss`` and every metric summed over the micro-batches (and over the ranks). With no
+    micro-batch at all every gradient is set to zero, so the optimizer steps as it would on a zero
+    gradient (every rank gets none together: the trainer keeps ranks' micro-batch counts equal).
     """
     learner.optimizer.zero_grad(set_to_none=True)
     learner.module.zero_grad(set_to_none=True)
@@ -78,6 +80,10 @@ def accumulate(learner: Learner, mbs: list[list[int]], loss_fn: LossFn, mask: to
         totals["loss"] += float(loss.detach())
         for name, v in tok_metrics.items():
             totals[name] += float(aggregate_loss(v.detach(), mask[mb], per_token, denominator))
+    if not mbs:  # nothing to run (every sample silent): the step a zero gradient would have made,
+        totals["loss"] = 0.0  # since AdamW skips a parameter without a gradient (no moment decay, no weight decay)
+        for p in learner.params:
+            p.grad = torch.zeros_like(p)
     # Data-parallel: every rank holds its share of the global batch's sums.
     return dict(learner.parallel.sum_metrics(dict(totals)))
 

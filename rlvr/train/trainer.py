@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 import shutil
 import time
@@ -65,6 +66,7 @@ from rlvr.algo import (
     global_denominator,
     masked_mean,
     masked_whiten,
+    silent_samples,
 )
 from rlvr.algo.advantages import estimator_rewards
 from rlvr.algo.score_centering import head_rollout_log_probs, split_heads
@@ -73,7 +75,7 @@ from rlvr.algo.opd import opd_advantages
 from rlvr.config import TrainConfig
 from rlvr.observe.rollout_data import rollout_data_metrics, slime_rewards
 from rlvr.core.device import trim_host_heap
-from rlvr.core.testing import hook_loss, trainer_seam
+from rlvr.core.testing import hook_loss, skip_silent_samples, trainer_seam
 from rlvr.train import lora, routing_replay
 from rlvr.train.batching import first_fit_decreasing, fixed_size, micro_batches, pad_right
 from rlvr.train.critic import CriticTrainer
@@ -148,6 +150,9 @@ class RolloutTensors:
     ref_states: ReferenceStates | None = None  # token_level_kl: the reference's hidden states
     teacher_log_probs: torch.Tensor | None = None  # --use-opd; NaN rows: the teacher failed
     opd_reverse_kl: torch.Tensor | None = None
+    silent: set[int] = dataclasses.field(default_factory=set)  # kept samples without signal (``_skippable``)
+    skipped: int = 0  # silent samples the policy's steps left out (data-parallel puts a few back)
+    unscored: set[int] = dataclasses.field(default_factory=set)  # p0_in_loss rows no forward filled
 
     @property
     def width(self) -> int:
@@ -247,6 +252,7 @@ class Trainer:
         reset_peak_memory(self.device)
         batch = self._rollout_tensors(samples)
         self._advantages(batch)
+        batch.silent = self._skippable(batch)
         n, gbs = len(samples), self.global_batch_size or len(samples)
         out: dict[str, list[float]] = defaultdict(list)
         skipped = 0
@@ -352,12 +358,42 @@ class Trainer:
                 algo.opd_kl_coef)
         batch.advantages = masked_whiten(advantages, batch.mask) if algo.normalize_advantages else advantages
 
+    def _skippable(self, batch: RolloutTensors) -> set[int]:
+        """The kept samples that add nothing to the policy's gradient (``rlvr.algo.silent_samples``:
+        advantage 0 everywhere and no term that survives it): no forward or backward runs for them.
+        Not with LoRA dropout, whose random masks for the other samples would then differ."""
+        if not skip_silent_samples() or (self.peft is not None and self.cfg.lora_dropout):
+            return set()
+        silent = silent_samples(batch.advantages, batch.mask, self.algo).tolist()
+        return {i for i in batch.kept if silent[i]}
+
+    def _with_signal(self, batch: RolloutTensors, idx: list[int]) -> list[int]:
+        """``idx`` without its silent samples. Data-parallel: as many as a multiple of the world
+        size (silent ones put back, they add exact zeros), so every rank gets an equal share and
+        so as many micro-batches, and every rank leaves the same ones out (the advantages are the
+        same on every rank); with an uneven ``idx`` (overlong samples left out) nothing is left out."""
+        trained = [i for i in idx if i not in batch.silent]
+        world = self.dp.world_size
+        if world > 1 and len(idx) % world:
+            return idx
+        back = set([i for i in idx if i in batch.silent][: -len(trained) % world])
+        return [i for i in idx if i not in batch.silent or i in back]
+
     def _rl_step(self, rollout_id: int, batch: RolloutTensors, idx: list[int]) -> dict[str, float]:
         """One optimizer step of the policy on global batch ``idx`` (``actor_loss``), then one of the
-        critic on the same micro-batches."""
+        critic on the same micro-batches (on all of ``idx``: its value loss does not vanish with the
+        advantage). The policy's micro-batches hold the samples with signal only; the normaliser
+        is still the whole batch's."""
         per_token = self.algo.calculate_per_token_loss
-        mbs = self._micro_batches(batch.samples, idx)
+        trained = self._with_signal(batch, idx)
+        mbs = self._micro_batches(batch.samples, trained)
         denominator = global_denominator([batch.mask[idx]], per_token)
+        batch.skipped += len(idx) - len(trained)
+        if batch.p0_in_loss:
+            batch.unscored |= set(idx) - set(trained)
+        # The per-token metrics (entropy, clip fraction, ...) as means over the samples that ran;
+        # loss and pg_loss stay the whole batch's (a skipped sample's are exactly 0).
+        scale = denominator / global_denominator([batch.mask[trained]], per_token) if trained else 1.0
 
         def loss(mb: list[int], lp: torch.Tensor, ent: torch.Tensor, exact_kl: torch.Tensor | None = None):
             head = None
@@ -371,10 +407,11 @@ class Trainer:
 
         kl_ref = batch.ref_states.for_micro_batch if batch.ref_states is not None else None
         step_metrics = self._policy_step(rollout_id, batch.samples, mbs, batch.mask, per_token, denominator, loss,
-                                         heads=batch.sampler_head is not None, kl_ref=kl_ref)
+                                         heads=batch.sampler_head is not None, kl_ref=kl_ref, metric_scale=scale)
         if self.critic is not None:
-            step_metrics |= self.critic.step(batch.samples, mbs, batch.mask, per_token, denominator, batch.values,
-                                             batch.returns, self._lr_scale())
+            critic_mbs = mbs if len(trained) == len(idx) else self._micro_batches(batch.samples, idx)
+            step_metrics |= self.critic.step(batch.samples, critic_mbs, batch.mask, per_token, denominator,
+                                             batch.values, batch.returns, self._lr_scale())
         self.step += 1
         return step_metrics
 
@@ -384,10 +421,14 @@ class Trainer:
         metrics = {f"train/{k}": sum(v) / len(v) for k, v in out.items()}
         metrics["train/skipped_steps"] = skipped
         metrics["train/overlong_samples"] = n - len(batch.kept)
-        log_ratio = batch.old_log_probs - batch.rollout_log_probs  # log p (trainer) - log q (engine), per token
-        metrics["train/train_rollout_logprob_abs_diff"] = float(masked_mean(log_ratio.abs(), mask))
-        # KL(q || p) per token, k3 estimator on q's own samples (Schulman 2020): (p/q - 1) - log(p/q) >= 0
-        metrics["train/train_rollout_kl"] = float(masked_mean(torch.expm1(log_ratio) - log_ratio, mask))
+        # Samples without signal that ran no forward/backward, as a fraction of those trained on.
+        metrics["perf/zero_adv_skipped_frac"] = batch.skipped / max(len(batch.kept), 1)
+        scored = self._scored(batch)  # p0 from the training forward: none for the samples it skipped
+        if scored:
+            log_ratio = batch.old_log_probs[scored] - batch.rollout_log_probs[scored]  # log p (trainer) - log q (engine)
+            metrics["train/train_rollout_logprob_abs_diff"] = float(masked_mean(log_ratio.abs(), mask[scored]))
+            # KL(q || p) per token, k3 estimator on q's own samples (Schulman 2020): (p/q - 1) - log(p/q) >= 0
+            metrics["train/train_rollout_kl"] = float(masked_mean(torch.expm1(log_ratio) - log_ratio, mask[scored]))
         metrics["train/advantage_mean"] = float(masked_mean(batch.advantages, mask))
         metrics |= self._rollout_data_metrics(batch)
         if batch.opd_reverse_kl is not None:  # slime's name; tokens with a teacher answer
@@ -418,12 +459,23 @@ class Trainer:
         per_token = {"log_probs": batch.old_log_probs, "ref_log_probs": batch.ref_log_probs,
                      "rollout_log_probs": batch.rollout_log_probs, "advantages": batch.advantages,
                      "returns": batch.returns, "values": batch.values}
-        return rollout_data_metrics(batch.mask, per_token, per_sample)
+        if batch.unscored:  # p0 from the training forward: the mean over the samples that had one, if any
+            per_token["log_probs"] = None
+        out = rollout_data_metrics(batch.mask, per_token, per_sample)
+        scored = self._scored(batch)
+        if batch.unscored and scored:
+            out |= rollout_data_metrics(batch.mask[scored], {"log_probs": batch.old_log_probs[scored]}, {})
+        return out
+
+    @staticmethod
+    def _scored(batch: RolloutTensors) -> list[int]:
+        """The rows whose p0 is known: all but the samples the training forward skipped (p0_in_loss)."""
+        return [i for i in range(len(batch.samples)) if i not in batch.unscored]
 
     # ---- internals -------------------------------------------------------------------------
     def _policy_step(self, rollout_id: int, samples: list[Sample], mbs: list[list[int]], mask: torch.Tensor,
                      per_token: bool, denominator: float, token_loss, heads: bool = False,
-                     kl_ref=None) -> dict[str, float]:
+                     kl_ref=None, metric_scale: float = 1.0) -> dict[str, float]:
         """One optimizer step of the policy over micro-batches ``mbs``, skipped (and recorded by the
         guard) when the loss or the gradient norm is not finite.
 
@@ -431,6 +483,8 @@ class Trainer:
         Every micro-batch is normalised by the global batch's ``denominator``, so the summed
         gradient equals the one-batch gradient. ``kl_ref(mb) -> logprobs.KLReference`` (token_level_kl)
         adds the exact KL to the forward's outputs, passed to ``token_loss`` as a fourth argument.
+        The per-token metrics but ``loss`` and ``pg_loss`` (exactly 0 on a skipped sample) are
+        multiplied by ``metric_scale``.
         """
         width = mask.shape[1]
 
@@ -442,6 +496,7 @@ class Trainer:
             return hook_loss(rollout_id, aggregate_loss(loss_tok, mask[mb], per_token, denominator)), tok_metrics
 
         totals = accumulate(self.learner, mbs, loss_fn, mask, per_token, denominator)
+        totals = {k: v if k in ("loss", "pg_loss") else v * metric_scale for k, v in totals.items()}
         reason = optimizer_step(self.learner, totals, self._lr_scale(), self.cfg.clip_grad)
         self.guard.record(rollout_id, self.step, reason)
         totals["skipped"] = float(reason is not None)
