@@ -36,7 +36,7 @@ _TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 # "answer is X", "answer: X", "answer to this problem is X", "answer equals X"
 _STATED = re.compile(r"\banswer\b(?:[^\n.:=]{0,60}?\b(?:is|was|equals)\b|\s*[:=])\s*:?\s*([^\n]*)", re.IGNORECASE)
-_SENTENCE_END = re.compile(r"\.(?=\s|$)|;|,\s|\s\(|\s(?:which|because|since|so)\b")
+_SENTENCE_END = re.compile(r"\.(?=\s|$)|;|,\s|\s\(|\s(?:which|because|since|so|if|when)\b")
 _NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\w])")
 _NUMERIC = re.compile(r"[-+]?\d+(?:\.\d+)?")
 
@@ -68,9 +68,15 @@ def _last_statement(reply: str, numeric: bool) -> str | None:
     return _clause(parts[-1]) if len(parts) > 1 else sentence
 
 
-def _as_answer(reading: str, numeric: bool) -> str | None:
-    reading = _clean(reading)
+def _as_answer(reading: str, oracle: str, numeric: bool, explicit: bool = False) -> str | None:
+    """The answer in ``reading``; an ``explicit`` one (a tag's or box's content) is taken as
+    written, only trimmed, since a text answer may end in a full stop or hold quotes. A text
+    answer read from a sentence has at most two words more than the oracle's: a longer reading
+    is a sentence, not an answer."""
+    reading = reading.strip() if explicit else _clean(reading)
     if not numeric or not reading:
+        if not explicit and len(reading.split()) > len(oracle.split()) + 2:
+            return None
         return reading or None
     numbers = _NUMBER.findall(reading)
     return numbers[0].replace(",", "").lstrip("+") if len(numbers) == 1 else None
@@ -94,17 +100,17 @@ def final_answer(reply: str, oracle: str, truncated: bool = False) -> str | None
     numeric = _NUMERIC.fullmatch(oracle.strip()) is not None
     tags = _TAG.findall(reply)
     if tags:
-        return _as_answer(tags[-1], numeric)
+        return _as_answer(tags[-1], oracle, numeric, explicit=True)
     boxed = _BOXED.findall(reply)
     if boxed:
-        return _as_answer(boxed[-1], numeric)
-    stated = [_as_answer(_clause(m.group(1)), numeric) for m in _STATED.finditer(reply)]
+        return _as_answer(boxed[-1], oracle, numeric, explicit=True)
+    stated = [_as_answer(_clause(m.group(1)), oracle, numeric) for m in _STATED.finditer(reply)]
     if stated:
         return stated[-1] if len(set(stated)) == 1 else None
     if truncated:
         return None
     reading = _last_statement(reply, numeric)
-    return None if reading is None else _as_answer(reading, numeric)
+    return None if reading is None else _as_answer(reading, oracle, numeric)
 
 
 def entry_and_scorer(metadata: dict):
