@@ -1,12 +1,13 @@
 """A PNG dashboard of one or more runs, read from their ``metrics.jsonl``.
 
 ``plot_runs(run_dirs, out)`` draws six panels (reward, eval score, KL, entropy, response
-length, time split), then one per task for runs whose samples name a ``task`` (``task_panels``), one colour per run (legend = the run directory's name), one line style per
-metric within a panel. Each metric is plotted against the step key of the records it was
-logged in (``rollout/step``, ``train/step`` or ``eval/step``). A panel without data says
-"no data". The PNG's ``Description`` text chunk lists each panel and the series drawn in it
-(``reward: run_a, run_b | eval score: ...``). It uses matplotlib's Agg canvas directly (no pyplot), so it needs no display and
-leaves matplotlib's global backend alone.
+length, time split), then one per task for runs whose samples name a ``task`` (``task_panels``),
+one colour per run (legend = the run directory's name), one line style per metric within a
+panel. Each metric is plotted against the step key of the records it was logged in
+(``rollout/step``, ``train/step`` or ``eval/step``). A panel without data says "no data". The
+PNG's ``Description`` text chunk lists each panel and the series drawn in it (``reward: run_a,
+run_b | eval score: ...``). It uses matplotlib's Agg canvas directly (no pyplot), so it needs no
+display and leaves matplotlib's global backend alone.
 """
 
 from __future__ import annotations
