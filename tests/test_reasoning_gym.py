@@ -70,7 +70,7 @@ def test_spec_errors_name_the_task_and_the_field(tmp_path):
         assert message in str(e.value), (spec, str(e.value))
 
 
-def test_cli_refuses_a_held_out_split_for_training(tmp_path):
+def test_cli_checks_of_specs(tmp_path):
     from rlvr.core.errors import ConfigError
     from rlvr.runtime.configure import check_data
     from rlvr.config import DataConfig, EvalConfig
@@ -79,6 +79,13 @@ def test_cli_refuses_a_held_out_split_for_training(tmp_path):
         check_data(DataConfig(prompt_data="reasoning_gym:gcd?split=test"), EvalConfig())
     with pytest.raises(ConfigError, match="--eval-prompt-data: v: .*unknown reasoning-gym task"):
         check_data(DataConfig(prompt_data="reasoning_gym:gcd"), EvalConfig(eval_prompt_data=["v", "reasoning_gym:x"]))
+    with pytest.raises(ConfigError, match="--rollout-max-prompt-len: applies to prompt files"):
+        check_data(DataConfig(prompt_data="reasoning_gym:gcd", rollout_max_prompt_len=64), EvalConfig())
+    from rlvr.runtime.configure import merged_values, make_parser
+
+    values = merged_values(make_parser().parse_args(["--prompt-data", "reasoning_gym:gcd?size=80", "--num-epoch", "2",
+                                                     "--rollout-batch-size", "8"]))
+    assert values["num_rollout"] == 20  # an epoch is the spec's size
 
 
 def test_small_task_space_fails_with_the_task_named():
