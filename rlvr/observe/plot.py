@@ -122,11 +122,11 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path | None = None) -> Path
     rows = -(-len(panels) // 3)
     fig = Figure(figsize=(16, 4.5 * rows), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(rows, 3).flat
+    axes = list(fig.subplots(rows, 3).flat)
     colors = [f"C{i % 10}" for i in range(len(runs))]
     # "title: label, label" per panel, stored in the PNG's metadata
     contents = [_draw_panel(ax, title, keys, runs, names, colors) for ax, (title, keys) in zip(axes, panels)]
-    for ax in list(axes)[len(panels):]:
+    for ax in axes[len(panels):]:  # the last row's unused places
         ax.set_axis_off()
 
     out = Path(out) if out is not None else dirs[0] / "curves.png"
