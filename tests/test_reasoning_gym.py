@@ -70,6 +70,12 @@ def test_spec_errors_name_the_task_and_the_field(tmp_path):
         assert message in str(e.value), (spec, str(e.value))
 
 
+def test_missing_package_is_one_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # what an install without the extra sees
+    with pytest.raises(DataError, match=r"needs the reasoning-gym package: pip install 'rlvr\[tasks\]'"):
+        parse_spec("reasoning_gym:chain_sum")
+
+
 def test_cli_checks_of_specs(tmp_path):
     from rlvr.core.errors import ConfigError
     from rlvr.runtime.configure import check_data

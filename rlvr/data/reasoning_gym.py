@@ -189,9 +189,9 @@ def check_task(text: str, t: TaskSpec, curriculum: bool) -> None:
     """An unknown task, a task that cannot verify its own answers, a configuration field the task
     does not have (or that the curriculum sets), or a configuration its generator refuses: one
     ``DataError`` naming the task and the field."""
+    rg()  # a missing package is one clear error, before anything imports from it
     from reasoning_gym.factory import CURRICULA, DATASETS
 
-    rg()
     if t.name not in DATASETS or t.name == "composite":
         near = sorted(n for n in DATASETS if n != "composite" and (t.name[:3] in n))[:8]
         raise DataError(text, None, f"unknown reasoning-gym task {t.name!r}" + (f"; similar: {near}" if near else "")
