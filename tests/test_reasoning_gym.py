@@ -19,7 +19,7 @@ from rlvr.core.errors import DataError  # noqa: E402
 from rlvr.core.types import Sample, Status  # noqa: E402
 from rlvr.data.reasoning_gym import (UNSCORABLE, TaskStream, entry_at, generator_seed, held_out_records,  # noqa: E402
                                      parse_spec, split_of, task_dataset)
-from rlvr.rewards import score  # noqa: E402
+from rlvr.rewards import grade, score  # noqa: E402
 from rlvr.rewards.reasoning_gym import final_answer, reasoning_gym_reward  # noqa: E402
 
 REPLIES = Path(__file__).parent / "data" / "reasoning_gym_replies.jsonl"
@@ -171,7 +171,10 @@ def test_reward_composes_with_format_and_needs_its_metadata():
     assert wrong == pytest.approx(0.1)
     untagged = score("reasoning_gym=0.9,format=0.1", f"The answer is {record.label}.", record.label, **record.metadata)
     assert untagged == pytest.approx(0.9)
-    from rlvr.rewards import grade
+    from rlvr.data.reasoning_gym import task_score
+
+    outcome = grade("reasoning_gym=0.9,format=0.1", f"The answer is {record.label}.", record.label, **record.metadata)
+    assert task_score(Sample("", [], reward=outcome.as_reward())) == 1.0  # the curriculum counts the task's own part
 
     outcome = grade("reasoning_gym", "The answer is 3.", "3")
     assert outcome.score == 0.0 and "neither a 'reasoning_gym' locator" in outcome.error
