@@ -181,6 +181,12 @@ class DataSource:
             self.offset += len(take)
         return out
 
+    def observe(self, samples: list) -> dict[str, float]:
+        """What the source learns from a rollout's graded samples (a curriculum's accuracy, in
+        ``rlvr.data.reasoning_gym.TaskStream``); returns metrics logged under ``rollout/``. A plain
+        file learns nothing."""
+        return {}
+
     def state_dict(self) -> dict:
         from rlvr.core.types import sample_to_dict
 

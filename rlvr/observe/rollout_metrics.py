@@ -37,6 +37,7 @@ def rollout_metrics(samples: list[Sample], n: int, prefix: str) -> dict[str, flo
     if n > 1:
         m["zero_std_ratio"] = sum(len(set(g)) == 1 for g in groups) / len(groups)
     m |= source_metrics(samples)
+    m |= task_metrics(samples, n)
     m |= turn_metrics(samples)
     m |= dcpo_metrics(samples)
     return {prefix + k: v for k, v in m.items()}
@@ -131,4 +132,31 @@ def source_metrics(samples: list[Sample]) -> dict[str, float]:
         m[f"{source}/response_len/mean"] = statistics.fmean(s.response_length for s in group)
         m[f"{source}/truncated_ratio"] = sum(s.status == Status.TRUNCATED for s in group) / len(group)
         m[f"{source}/count"] = float(len(group))
+    return m
+
+
+def task_metrics(samples: list[Sample], n: int) -> dict[str, float]:
+    """Per-task statistics for samples whose metadata names a ``task`` (a reasoning-gym mix, or
+    any dataset that writes one): ``raw_reward/<task>``, ``accuracy/<task>`` (share of reward 1)
+    and, for groups of ``n`` > 1, ``passrate/<task>/pass@k`` over that task's groups; ``{}``
+    when no sample names a task. A group's samples share a prompt, hence a task.
+
+    >>> from rlvr.core.types import Sample
+    >>> s = [Sample("p", [1], metadata={"task": "gcd"}, reward=r) for r in (1.0, 0.0)]
+    >>> s += [Sample("p", [1], metadata={"task": "products"}, reward=r) for r in (0.0, 0.0)]
+    >>> m = task_metrics(s, 2)
+    >>> m["raw_reward/gcd"], m["passrate/gcd/pass@2"], m["accuracy/products"]
+    (0.5, 1.0, 0.0)
+    """
+    by_task: dict[str, list[float]] = {}
+    scores: dict[str, list[float]] = {}
+    for s in samples:
+        if s.metadata.get("task") is not None:
+            by_task.setdefault(str(s.metadata["task"]), []).append(s.scalar_reward())
+            scores.setdefault(str(s.metadata["task"]), []).append(float(s.metadata.get("score", s.scalar_reward())))
+    m: dict[str, float] = {}
+    for task, rewards in sorted(by_task.items()):
+        m[f"raw_reward/{task}"] = statistics.fmean(rewards)
+        m[f"accuracy/{task}"] = statistics.fmean(float(x >= 1.0) for x in scores[task])
+        m |= {f"passrate/{task}/{k}": v for k, v in pass_rates(rewards, n).items()}
     return m

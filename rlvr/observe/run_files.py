@@ -112,7 +112,7 @@ def write_ledger(path: Path, rollout_id: int, samples: list[Sample], trained: bo
 
 # What a reader needs of a multi-turn sample, from its metadata (rlvr.agents).
 SAMPLE_FIELDS = ("reward_error", "agent_error", "agent_traceback", "turns", "tool_calls", "tool_errors", "tool_counts",
-                 "openai_calls", "cut_tokens", "engine_error")
+                 "openai_calls", "cut_tokens", "engine_error", "task")  # task: a mixed dataset's family
 
 
 def segments_of(s: Sample, decode: Callable[..., str] | None) -> list[dict]:

@@ -156,6 +156,7 @@ class Rollout:
         if self.post_process is not None:
             self.post_process(samples, self.tokenizer)
         out = rollout_metrics(samples, n, prefix="rollout/")
+        out |= {f"rollout/{k}": v for k, v in self.data_source.observe(samples).items()}  # e.g. curriculum levels
         if self.sample_filter is not None:
             out["rollout/removed_samples"] = float(remove_samples(self.sample_filter, groups))
         if self.cfg.log_passrate:
@@ -201,6 +202,8 @@ class Rollout:
         m = rollout_metrics(samples, k, prefix=f"eval/{name}/")
         m[f"eval/{name}/score"] = m.pop(f"eval/{name}/raw_reward")
         m[f"eval/{name}"] = m[f"eval/{name}/score"]
+        for key in [k for k in m if k.startswith(f"eval/{name}/raw_reward/")]:  # per task: eval/<name>/<task>
+            m[f"eval/{name}/{key.rsplit('/', 1)[1]}"] = m.pop(key)
         m[f"eval/{name}-truncated_ratio"] = m[f"eval/{name}/truncated_ratio"]  # slime's name for it
         if self.cfg.log_passrate:  # slime: eval/<name>-pass@k
             m |= {f"eval/{name}-{k}": v for k, v in pass_rates([s.scalar_reward() for s in samples], k).items()}

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Callable
 
 from rlvr.config import Config
-from rlvr.data.dataset import DataSource, PromptDataset, PromptRecord, read_prompts
+from rlvr.data import reasoning_gym
+from rlvr.data.dataset import DataSource, PromptDataset, PromptRecord, read_prompts, render_prompt
 from rlvr.data.tokenizer import load_tokenizer
 from rlvr.core.determinism import use_deterministic_mode
 from rlvr.core.errors import ConfigError
@@ -62,13 +63,22 @@ def read_eval_sets(cfg: Config) -> dict[str, list[PromptRecord]]:
     """Every ``--eval-prompt-data`` set by name, read whole (they are small), with
     ``--eval-input-key`` / ``--eval-label-key`` where given."""
     d, e = cfg.data, cfg.eval
-    return {name: read_prompts(path, e.eval_input_key or d.input_key, e.eval_label_key or d.label_key, d.metadata_key)
+    return {name: reasoning_gym.held_out_records(reasoning_gym.parse_spec(path)) if reasoning_gym.is_spec(path)
+            else read_prompts(path, e.eval_input_key or d.input_key, e.eval_label_key or d.label_key, d.metadata_key)
             for name, path in e.datasets()}
 
 
-def open_training_data(cfg: Config, tokenizer) -> PromptDataset:
-    """The training prompts, streamed from disk; prompts over ``--rollout-max-prompt-len`` dropped."""
+def open_training_data(cfg: Config, tokenizer) -> PromptDataset | reasoning_gym.TaskStream:
+    """The training prompts, streamed from disk; prompts over ``--rollout-max-prompt-len`` dropped.
+    A ``reasoning_gym:`` spec is a generated stream instead (its own data source), whose
+    ``longest_prompt`` is measured on its first 64 prompts at the starting levels."""
     d = cfg.data
+    if reasoning_gym.is_spec(d.prompt_data):
+        stream = reasoning_gym.TaskStream(reasoning_gym.parse_spec(d.prompt_data))
+        texts = [render_prompt(r.prompt, tokenizer, d.apply_chat_template, d.chat_template_kwargs())
+                 for r in reasoning_gym.TaskStream(stream.mix).next_prompts(64)]
+        stream.longest_prompt = max(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts)
+        return stream
     return PromptDataset(d.prompt_data, d.input_key, d.label_key, d.metadata_key, tokenizer=tokenizer,
                          apply_chat_template=d.apply_chat_template, chat_template_kwargs=d.chat_template_kwargs(),
                          max_prompt_len=d.rollout_max_prompt_len)
@@ -120,6 +130,7 @@ def make_rollout(cfg: Config, engine, tokenizer, records) -> Rollout:
     d, a = cfg.data, cfg.agent
     args = plugins.slime_args(cfg)  # what slime-signature plugins get as ``args``
     source = (slime_data_source(d.data_source_path, args) if d.data_source_path  # slime's DataSource class
+              else records if isinstance(records, DataSource)  # a generated stream (reasoning_gym:)
               else DataSource(records, shuffle=d.rollout_shuffle, seed=d.rollout_seed))
     template_kwargs, agent = d.chat_template_kwargs(), None
     if a.per_sample or a.rollout_function_path or cfg.eval.eval_function_path:

@@ -29,8 +29,9 @@ from rlvr.compat.slime.paths import slime_equivalent
 from rlvr.config.fields import Names, choices_of, flag_of
 from rlvr.config.parse import build_config, given_values
 from rlvr.config.parse import make_parser as config_parser
-from rlvr.core.errors import ConfigError
+from rlvr.core.errors import ConfigError, DataError
 from rlvr.core.registry import resolve
+from rlvr.data import reasoning_gym
 from rlvr.data.readers import dataset_kind, open_rows
 from rlvr.models.moe import has_routed_experts
 from rlvr.rewards.registry import check_reward_config
@@ -79,13 +80,20 @@ def check_rollout(rollout: RolloutConfig) -> None:
 
 
 def check_data(data: DataConfig, eval: EvalConfig) -> None:
-    """Every prompt file is of a kind the readers know."""
+    """Every prompt file is of a kind the readers know; every ``reasoning_gym:`` spec parses, names
+    tasks and configurations its generators accept, and trains on the train split only."""
     sets = [("--prompt-data", "", data.prompt_data)] if data.prompt_data is not None else []
     for flag, prefix, path in sets + [("--eval-prompt-data", f"{name}: ", path) for name, path in eval.datasets()]:
         try:
-            dataset_kind(path)
-        except ValueError as e:
+            if not reasoning_gym.is_spec(path):
+                dataset_kind(path)
+            elif reasoning_gym.parse_spec(path).split != "train" and flag == "--prompt-data":
+                raise ValueError(f"{path} asks for a held-out split; training prompts come from split=train")
+        except (ValueError, DataError) as e:
             raise ConfigError(flag, f"{prefix}{e}") from None
+    if reasoning_gym.is_spec(data.prompt_data) and data.rollout_max_prompt_len is not None:
+        raise ConfigError("--rollout-max-prompt-len", "applies to prompt files; a reasoning_gym: spec sets its "
+                                                      "prompts' size through each task's config: drop the flag")
 
 
 def check_train(train: TrainConfig) -> None:
@@ -162,10 +170,11 @@ def _num_rollout_from_epochs(values: dict[str, Any]) -> None:
         logging.getLogger(__name__).info("--num-epoch is ignored: --num-rollout %s is given (slime)", values["num_rollout"])
         return
     path = values.get("prompt_data")
-    if path is None or not Path(path).exists():
+    if path is None or not (reasoning_gym.is_spec(path) or Path(path).exists()):
         raise ConfigError("--num-epoch", "needs --prompt-data (its size sets --num-rollout)")
     batch = values.get("rollout_batch_size", RolloutConfig.rollout_batch_size)
-    values["num_rollout"] = max(1, values["num_epoch"] * len(open_rows(path)) // batch)
+    size = reasoning_gym.parse_spec(path).size if reasoning_gym.is_spec(path) else len(open_rows(path))
+    values["num_rollout"] = max(1, values["num_epoch"] * size // batch)
 
 
 def config_from_values(values: dict[str, Any], rl: bool = True) -> Config:
