@@ -137,6 +137,19 @@ class Config:
         if self.agent.rollout_function_path and self.agent.per_sample:
             raise ConfigError("--rollout-function-path", "replaces the whole rollout, so it cannot be combined with "
                               "a per-sample generate function (--custom-generate-function-path, --tools, --environment-path)")
+        self._validate_async()
+        uses_ref = self.algo.use_kl_loss or self.algo.kl_coef != 0
+        for name in ("ref_load", "ref_update_interval"):
+            if getattr(self.train, name) is not None and not uses_ref:
+                raise ConfigError(flag_of(name), "does nothing without a KL term; add --use-kl-loss or --kl-coef, or unset it")
+        if self.algo.use_score_centering and (self.rollout.rollout_top_p != 1 or self.rollout.rollout_top_k != -1):
+            raise ConfigError("--use-score-centering", "needs the untruncated sampling distribution (its head is q's top-k "
+                              "of the full vocabulary): set --rollout-top-p 1 --rollout-top-k -1")
+        self._validate_opd()
+        return self
+
+    def _validate_async(self) -> None:
+        """``--async`` against the debug split and ``--deterministic-mode``."""
         if self.asynchronous.async_train and (self.run.debug_rollout_only or self.run.debug_train_only):
             raise ConfigError("--async", "overlaps sampling and training; the debug split (--debug-rollout-only, "
                               "--debug-train-only, --load-debug-rollout-data) runs one of them alone: drop one")
@@ -148,15 +161,6 @@ class Config:
             if self.asynchronous.update_weights_interval != 1:
                 raise ConfigError("--update-weights-interval", "must be 1 with --async --deterministic-mode: the "
                                   "pipelined producer samples rollout r with exactly version r - --max-staleness")
-        uses_ref = self.algo.use_kl_loss or self.algo.kl_coef != 0
-        for name in ("ref_load", "ref_update_interval"):
-            if getattr(self.train, name) is not None and not uses_ref:
-                raise ConfigError(flag_of(name), "does nothing without a KL term; add --use-kl-loss or --kl-coef, or unset it")
-        if self.algo.use_score_centering and (self.rollout.rollout_top_p != 1 or self.rollout.rollout_top_k != -1):
-            raise ConfigError("--use-score-centering", "needs the untruncated sampling distribution (its head is q's top-k "
-                              "of the full vocabulary): set --rollout-top-p 1 --rollout-top-k -1")
-        self._validate_opd()
-        return self
 
     def _validate_opd(self) -> None:
         """The OPD rules between the algorithm and reward groups: a served teacher is read from
