@@ -49,6 +49,8 @@ class Recorder:
     async def _handle(self, request: web.Request) -> web.Response:
         body = await request.read()
         self.calls.append((request.path_qs, json.loads(body) if body else {}))
+        if request.path == "/v1/models":
+            return web.json_response({"data": [{"id": "smollm2"}]})
         return web.json_response({"message": "ok"})
 
     def close(self):
@@ -131,3 +133,80 @@ def test_an_nccl_update_without_cuda_fails_before_any_request(servers):
     with pytest.raises(ConfigError, match="needs CUDA"):
         t.update_weights(tiny_tied_model(), version=1)
     assert all(s.calls == [] for s in servers)
+
+
+def test_the_server_client_takes_the_chosen_route(servers, tmp_path):
+    from rlvr.engine.vllm_http import VllmHttpEngine
+
+    addrs = [s.url.removeprefix("http://") for s in servers]
+    reload = VllmHttpEngine(addrs, weights_dir=str(tmp_path), transfer=choose_weight_transfer("auto", cuda=False))
+    assert reload.nccl is None
+    reload.update_weights(tiny_tied_model(), version=1)
+    assert ("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path / "v1")}}) in servers[0].calls
+    nccl = VllmHttpEngine(addrs, weights_dir=str(tmp_path), transfer="nccl")
+    assert nccl.nccl.urls == [s.url for s in servers] and nccl.nccl.world_size == 3
+    if not torch.cuda.is_available():
+        before = [len(s.calls) for s in servers]
+        with pytest.raises(ConfigError, match="needs CUDA"):
+            nccl.update_weights(tiny_tied_model(), version=2)
+        assert [len(s.calls) for s in servers] == before and nccl.weight_version == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_weights_reach_a_cuda_vllm_server_over_nccl(tmp_path):
+    """Never run yet (no GPU here): a vLLM server on SmolLM2 with the NCCL backend takes perturbed
+    weights from this process and then samples with their log-probs. NCCL takes one rank per GPU:
+    the server on GPU 1, this process on GPU 0."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlvr.engine.base import GenerateRequest, SamplingParams
+    from rlvr.engine.sglang_http import health
+    from rlvr.engine.vllm_http import VllmHttpEngine
+
+    smollm2 = Path(__file__).resolve().parents[1] / "models" / "smollm2-135m-instruct"
+    if not (smollm2 / "config.json").exists():
+        pytest.skip("needs SmolLM2 (make smollm2)")
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs: NCCL does not put the trainer and the server's worker on one device")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log_path = tmp_path / "server.log"
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(smollm2), "--host", "127.0.0.1",
+           "--port", str(port), "--dtype", "float32", "--enforce-eager", "--logprobs-mode", "processed_logprobs",
+           "--gpu-memory-utilization", "0.3", "--weight-transfer-config", '{"backend": "nccl"}']
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_SERVER_DEV_MODE": "1",
+                                                                                "CUDA_VISIBLE_DEVICES": "1"})
+    try:
+        deadline = time.monotonic() + 600
+        while not health(f"http://127.0.0.1:{port}", 2.0):
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.5)
+        engine = VllmHttpEngine([f"127.0.0.1:{port}"], transfer="nccl")
+        torch.cuda.set_device(0)
+        model = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32).cuda().eval()
+        g = torch.Generator(device="cuda").manual_seed(0)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=g, device="cuda") * 1e-2 * p.abs().mean())
+        engine.update_weights(model.named_parameters(), version=1)
+        prompt = AutoTokenizer.from_pretrained(smollm2)("What is 12 + 30? Answer briefly.")["input_ids"]
+        (r,) = asyncio.run(engine.generate([GenerateRequest(prompt, SamplingParams(temperature=1.0, max_new_tokens=16))]))
+        assert r.weight_version == 1 and r.token_ids
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + r.token_ids], device="cuda")).logits[0, len(prompt) - 1:-1].float()
+        ours = logits.log_softmax(-1).gather(-1, torch.tensor(r.token_ids, device="cuda")[:, None])[:, 0].cpu()
+        assert (torch.tensor(r.log_probs) - ours).abs().mean() < 1e-3
+        engine.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
