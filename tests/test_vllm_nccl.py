@@ -16,6 +16,7 @@ import pytest
 import torch
 from aiohttp import web
 
+from rlvr.config.engine import EngineConfig
 from rlvr.core.errors import ConfigError
 from rlvr.engine.vllm_nccl import NcclWeightTransfer, choose_weight_transfer, update_info, with_tied_head
 
@@ -80,6 +81,9 @@ def test_nccl_is_chosen_only_with_cuda_and_refused_without_it():
         choose_weight_transfer("nccl", cuda=False)
     with pytest.raises(ConfigError, match="choose auto, reload or nccl"):
         choose_weight_transfer("gloo", cuda=True)
+    with pytest.raises(ConfigError, match="--vllm-weight-transfer: nccl pushes weights to vLLM servers"):
+        EngineConfig(rollout_engine="vllm", vllm_weight_transfer="nccl").validate()
+    EngineConfig(rollout_engine="vllm", vllm_weight_transfer="nccl", rollout_external_engine_addrs=["h:1"]).validate()
     with pytest.raises(ConfigError, match="--vllm-weight-transfer-master"):
         NcclWeightTransfer(["http://127.0.0.1:1"], master="localhost")
 

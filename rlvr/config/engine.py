@@ -69,6 +69,9 @@ class EngineConfig:
         if self.sglang_mem_fraction_static is not None and (self.rollout_external_engine_addrs or self.uses_engine_processes):
             raise ConfigError("--sglang-mem-fraction-static", "budgets the embedded engine's memory (in process or a Ray "
                               "actor); external and rlvr serve engines manage their own: set it on those servers")
+        if self.vllm_weight_transfer == "nccl" and not (self.rollout_engine == "vllm" and self.rollout_external_engine_addrs):
+            raise ConfigError("--vllm-weight-transfer", "nccl pushes weights to vLLM servers: it needs --rollout-engine vllm "
+                              "with --rollout-external-engine-addrs (vLLM in process takes them from memory)")
         if self.rollout_engine == "vllm" and self.uses_engine_processes:
             raise ConfigError("--rollout-engine", "vllm runs one vLLM engine in the training process, or talks to vLLM "
                               "servers given with --rollout-external-engine-addrs; it does not launch or supervise "

@@ -18,8 +18,9 @@ onwards (``rank_offset``; a worker adds its own rank within its server).
   in threads while the trainer broadcasts the tensors in that order from rank 0; then per server
   ``/finish_weight_update`` (``weight_version``), ``/reset_prefix_cache`` and ``/resume``.
 - A tied head (``model.embed_tokens.weight`` sent without ``lm_head.weight``) gets an
-  ``lm_head.weight`` entry, the rule of the CPU reload route (``rlvr.engine.vllm_http``); vLLM's
-  Llama ``load_weights`` skips ``lm_head.*`` for a tied model, so on CUDA it is an unused copy.
+  ``lm_head.weight`` entry, the rule of the CPU reload route (``rlvr.engine.vllm_http``); on CUDA
+  vLLM's ``AutoWeightsLoader`` skips a tied model's second name for the shared parameter, so there
+  it is a broadcast that is not loaded.
 """
 
 from __future__ import annotations
@@ -101,12 +102,15 @@ class NcclWeightTransfer:
         if not torch.cuda.is_available():
             choose_weight_transfer("nccl", cuda=False)  # raises the message naming the flag
         bodies = self.init_bodies()
-        with ThreadPoolExecutor(max_workers=len(self.urls)) as pool:
+        pool = ThreadPoolExecutor(max_workers=len(self.urls))
+        try:  # each server blocks in its init route until the trainer has joined the rendezvous
             futures = [pool.submit(self.post, u, "/init_weight_transfer_engine", b) for u, b in zip(self.urls, bodies)]
             self.group = trainer_init({"master_address": self.master_address, "master_port": self.master_port,
                                        "world_size": self.world_size}, rank=0)
             for f in futures:
                 f.result()
+        finally:  # a failed join leaves the servers waiting: joining their threads would hang
+            pool.shutdown(wait=False)
 
     def begin(self) -> None:
         for url in self.urls:
