@@ -28,6 +28,12 @@ class EngineConfig:
                                          "vLLM: `make vllm` on CPU)", ["embedded", "vllm"])
     vllm_kv_cache_gb: float = _f(1.0, "--rollout-engine vllm: GiB of memory for vLLM's KV cache (its --kv-cache-memory-bytes)",
                                  gt=0)
+    vllm_weight_transfer: str = _f("auto", "--rollout-engine vllm with --rollout-external-engine-addrs: how weights reach the "
+                                           "servers: reload (a safetensors file in /dev/shm, /collective_rpc reload_weights), "
+                                           "nccl (vLLM's RL weight-transfer routes, CUDA only, not yet run on a GPU) or auto "
+                                           "(nccl with CUDA, else reload)", ["auto", "reload", "nccl"])
+    vllm_weight_transfer_master: str = _f("127.0.0.1:0", "--vllm-weight-transfer nccl: host:port of the NCCL rendezvous the "
+                                                         "trainer hosts and the servers reach (port 0: a free one)")
     rollout_max_running_requests: int = _f(256, "embedded engine: responses decoded together (batch slots)", ge=1)
     sglang_mem_fraction_static: float | None = _f(
         None, "embedded engine: fraction of the device's memory (GPU memory on CUDA, physical memory on CPU) its weights "
@@ -63,6 +69,9 @@ class EngineConfig:
         if self.sglang_mem_fraction_static is not None and (self.rollout_external_engine_addrs or self.uses_engine_processes):
             raise ConfigError("--sglang-mem-fraction-static", "budgets the embedded engine's memory (in process or a Ray "
                               "actor); external and rlvr serve engines manage their own: set it on those servers")
+        if self.vllm_weight_transfer == "nccl" and not (self.rollout_engine == "vllm" and self.rollout_external_engine_addrs):
+            raise ConfigError("--vllm-weight-transfer", "nccl pushes weights to vLLM servers: it needs --rollout-engine vllm "
+                              "with --rollout-external-engine-addrs (vLLM in process takes them from memory)")
         if self.rollout_engine == "vllm" and self.uses_engine_processes:
             raise ConfigError("--rollout-engine", "vllm runs one vLLM engine in the training process, or talks to vLLM "
                               "servers given with --rollout-external-engine-addrs; it does not launch or supervise "

@@ -17,8 +17,8 @@ with the settings this client relies on::
   memory: no disk write), then on every server ``/pause?mode=keep`` (requests in flight freeze),
   ``/collective_rpc`` ``reload_weights(weights_path=folder)`` (dev mode), ``/reset_prefix_cache``
   with ``reset_running_requests`` (no KV of the old weights is reused) and ``/resume``. The servers
-  must see this machine's ``/dev/shm``. vLLM's RL weight-transfer routes (NCCL) are not used: they
-  need a GPU backend.
+  must see this machine's ``/dev/shm``. With ``transfer="nccl"`` (CUDA; ``--vllm-weight-transfer``)
+  vLLM's RL weight-transfer routes carry them instead (``rlvr.engine.vllm_nccl``, not yet run on a GPU).
 - ``abort``: ``/abort_requests`` with vLLM's id of the request (``cmpl-<rid>-0``), or all.
 - Weight versions: the completions route does not say which step sampled which token, so each
   token carries the version at the request's start; a request that straddled an update says so
@@ -46,6 +46,7 @@ from safetensors.torch import save_file
 from rlvr.engine.balance import Affinity
 from rlvr.engine.base import FINISH_REASONS, GenerateRequest, GenerateResult
 from rlvr.engine.sglang_http import health, parse_addr
+from rlvr.engine.vllm_nccl import NcclWeightTransfer
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,8 @@ def parse_completion(req: GenerateRequest, body: dict, version: int, version_end
 
 
 class VllmHttpEngine:
-    def __init__(self, addrs: list[str], timeout: float = 600.0, weights_dir: str | None = None):
+    def __init__(self, addrs: list[str], timeout: float = 600.0, weights_dir: str | None = None,
+                 transfer: str = "reload", transfer_master: str = "127.0.0.1:0"):
         if not addrs:
             raise ValueError("VllmHttpEngine needs at least one host:port")
         self.urls = [parse_addr(a) for a in addrs]
@@ -99,6 +101,7 @@ class VllmHttpEngine:
         self._version = 0
         self._abort_epoch = 0  # abort() of everything so far
         self._abort_rids: set[str] = set()
+        self.nccl = NcclWeightTransfer(self.urls, transfer_master, timeout=timeout) if transfer == "nccl" else None
 
     @property
     def weight_version(self) -> int:
@@ -134,6 +137,10 @@ class VllmHttpEngine:
     def update_weights(
         self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int
     ) -> None:
+        if self.nccl is not None:
+            self.nccl.update_weights(named_tensors, version)
+            self._version = version
+            return
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in items}
         if "model.embed_tokens.weight" in tensors and "lm_head.weight" not in tensors:
@@ -179,6 +186,8 @@ class VllmHttpEngine:
         self.sleep()
 
     def close(self) -> None:
+        if self.nccl is not None:
+            self.nccl.close()
         shutil.rmtree(self.weights_dir, ignore_errors=True)
 
     def _get(self, url: str, route: str) -> dict:

@@ -166,8 +166,13 @@ def build_engine(cfg: Config, model, tokenizer):
         return EngineSupervisor(processes, r)
     if r.rollout_external_engine_addrs and r.rollout_engine == "vllm":  # vLLM's OpenAI API servers (dev mode)
         from rlvr.engine.vllm_http import VllmHttpEngine
+        import torch
 
-        return VllmHttpEngine(r.rollout_external_engine_addrs, timeout=r.rollout_external_engine_timeout)
+        from rlvr.engine.vllm_nccl import choose_weight_transfer
+
+        transfer = choose_weight_transfer(r.vllm_weight_transfer, torch.cuda.is_available())
+        return VllmHttpEngine(r.rollout_external_engine_addrs, timeout=r.rollout_external_engine_timeout,
+                              transfer=transfer, transfer_master=r.vllm_weight_transfer_master)
     if r.rollout_external_engine_addrs:
         from rlvr.engine.client import HttpEngine
 
