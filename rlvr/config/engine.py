@@ -28,10 +28,10 @@ class EngineConfig:
                                          "vLLM: `make vllm` on CPU)", ["embedded", "vllm"])
     vllm_kv_cache_gb: float = _f(1.0, "--rollout-engine vllm: GiB of memory for vLLM's KV cache (its --kv-cache-memory-bytes)",
                                  gt=0)
-    vllm_weight_transfer: str = _f("auto", "--rollout-engine vllm with --rollout-external-engine-addrs: how weights reach the "
+    vllm_weight_transfer: str = _f("reload", "--rollout-engine vllm with --rollout-external-engine-addrs: how weights reach the "
                                            "servers: reload (a safetensors file in /dev/shm, /collective_rpc reload_weights), "
-                                           "nccl (vLLM's RL weight-transfer routes, CUDA only, not yet run on a GPU) or auto "
-                                           "(nccl with CUDA, else reload)", ["auto", "reload", "nccl"])
+                                           "nccl (vLLM's RL weight-transfer routes, CUDA only, not yet run on a GPU, so never "
+                                           "the default) or auto (nccl with CUDA, else reload)", ["auto", "reload", "nccl"])
     vllm_weight_transfer_master: str = _f("127.0.0.1:0", "--vllm-weight-transfer nccl: host:port of the NCCL rendezvous the "
                                                          "trainer hosts and the servers reach (port 0: a free one)")
     rollout_max_running_requests: int = _f(256, "embedded engine: responses decoded together (batch slots)", ge=1)
