@@ -184,6 +184,62 @@ def _names_option(reading: str, letter: str, content: str | None, opts: MathOpti
     return content is None or not re.search(r"\d", rest) or is_equivalent(rest, content, opts)
 
 
+# --- a value given with its option letter, against a label that is the value ------------------
+
+# "(C) 24", "C) 24", "**(C)** 24": one option letter in front of the value.
+_LETTER_THEN_VALUE = re.compile(r"^\s*(?:\(([A-J])\)|([A-J])\))\s*[:.-]?\s*(\S.*)$")
+
+
+def _without_option_letter(reading: str) -> str | None:
+    """The value of a reading that is one option letter followed by it ("(C) 24" -> "24"), else None.
+
+    >>> _without_option_letter("(C) 24"), _without_option_letter("(a) 3, (b) 4"), _without_option_letter("24")
+    ('24', None, None)
+    """
+    m = _LETTER_THEN_VALUE.match(_plain(reading).replace("*", ""))
+    if m is None or re.search(r"\(\s*[A-Ja-j]\s*\)|\b[A-J]\)", m.group(3)):
+        return None  # not one option: "(A) 3 (B) 4" lists options
+    return m.group(3).strip()
+
+
+# --- answers in words: "yes", "no", the name of a curve or shape ---------------------------------
+
+_NAME = r"[A-Za-z][A-Za-z'-]*(?: [A-Za-z][A-Za-z'-]*){0,2}"  # "parabola", "yes", "right triangle"
+_WORD_LABEL = re.compile(_NAME)
+# The last sentence names one thing: "So the curve is a parabola.", "The shape formed is an ellipse."
+_NAMED_THING = re.compile(rf"\b(?:is|are|was|forms?|makes?|gives?)\s+(?:(?:a|an|the)\s+)?({_NAME})$", re.IGNORECASE)
+
+
+def word_label(label: str) -> str | None:
+    """The label in lower case when it is a word or a short name ("yes", "\\\\text{parabola}", "right triangle").
+
+    >>> word_label("\\\\text{Parabola}"), word_label("yes"), word_label("12"), word_label("x + 1")
+    ('parabola', 'yes', None, None)
+    """
+    plain = re.sub(r"\s+", " ", _plain(label)).strip().rstrip(".")
+    return plain.lower() if _WORD_LABEL.fullmatch(plain) and label_option(label) is None else None
+
+
+def named_in_last_sentence(response: str, truncated: bool) -> str | None:
+    """The word or short name that a finished response ends by stating ("... the curve is a parabola."),
+    in lower case; None for a cut response, a list, a hedge or a negation ("is not a", "is either").
+
+    >>> named_in_last_sentence("Since B^2 - 4AC = 0, the curve is a parabola.", False)
+    'parabola'
+    >>> named_in_last_sentence("It is a circle, ellipse, or parabola.", False) is None
+    True
+    """
+    _, final = split_thinking(response)
+    if final is None or truncated:
+        return None
+    tail = final[-FALLBACK_TAIL:].rstrip().rstrip("*").rstrip()
+    if not tail.endswith((".", "!")):
+        return None
+    sentence = re.split(r"(?<=[.!?])\s+|\n", tail.rstrip(".!").rstrip())[-1]
+    m = _NAMED_THING.search(_plain(sentence.replace("*", "")).strip())
+    return m.group(1).lower() if m else None
+
+
 # --- the reward ---------------------------------------------------------------------------------
 
 # The prompt asks for an approximate answer: then a rounded decimal is what it wants.
@@ -203,11 +259,22 @@ def grade_math(sample: Sample, opts: MathOptions = DEFAULT) -> float:
     option = label_option(label)
     if option is not None:
         readings = _choice_readings(sample.response, truncated)
+        named = named_in_last_sentence(sample.response, truncated) if option[1] and not readings else None
+        readings = readings or ([named] if named else [])  # "... the curve is a parabola." for "(C) parabola"
         return 1.0 if any(_names_option(r, *option, opts) for r in readings) else 0.0
     if opts.tolerance == 0 and _ASKS_APPROXIMATION.search(sample.prompt or ""):
         opts = MathOptions(opts.percent_policy, opts.tolerance, approximate=True)
     readings = final_answers(sample.response, truncated, arity(label))
-    return 1.0 if any(is_equivalent(r.strip(), label, opts) for r in readings) else 0.0
+    if any(is_equivalent(r.strip(), label, opts) for r in readings):
+        return 1.0
+    values = [v for v in map(_without_option_letter, readings) if v]  # "(C) 24" for the label 24
+    if any(is_equivalent(v, label, opts) for v in values):
+        return 1.0
+    word = word_label(label)  # "... so the curve is a parabola." for the label parabola
+    if word and named_in_last_sentence(sample.response, truncated) == word:
+        # the name ends the last sentence, so it is the answer unless a box or marker committed to another
+        return 0.0 if final_answers(sample.response, truncated, fallback=False) else 1.0
+    return 0.0
 
 
 @inline  # cheap pure CPU: runs on the event-loop thread, where math-verify's alarm works
