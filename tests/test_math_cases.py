@@ -269,6 +269,12 @@ def test_answer_forms(response, label, expected):
         ("\\boxed{(A) 12, (C) 24}", "24", 0, None),
         ("The answer is (C) 24", "24", 0, "truncated"),
         ("\\boxed{C}", "24", 0, None),
+        ("The answer is 24, which is option C.", "C", 1, None),
+        ("So the answer is 24 (option C).", "(C) 24", 1, None),
+        ("The answer is 24, which is option B.", "(C) 24", 0, None),  # the value and the letter disagree
+        ("The answer is 24, which is option B.", "C", 0, None),
+        ("The answer is 24, which is option C or D.", "C", 0, None),
+        ("The answer is 24, which is option C", "C", 0, "truncated"),
     ],
 )
 def test_words_and_decorated_answers(response, label, expected, status):

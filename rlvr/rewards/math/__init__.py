@@ -250,6 +250,31 @@ _ASKS_APPROXIMATION = re.compile(
 )
 
 
+def _letters_beside(response: str) -> set[str]:
+    """The option letters that the last sentence names beside a value ("24, which is option C" -> {C})."""
+    _, final = split_thinking(response)
+    if final is None:
+        return set()
+    sentence = re.split(r"(?<=[.!?])\s+|\n", final[-FALLBACK_TAIL:].strip().rstrip(".!").rstrip())[-1]
+    sentence = _REJECTED.sub("", _plain(sentence))
+    first = _NAMED_OPTION.search(sentence)
+    return choice_letters(sentence[first.start():]) if first else set()  # "option C or D" names two
+
+
+def _grade_choice(response: str, truncated: bool, letter: str, content: str | None, opts: MathOptions) -> float:
+    """A multiple-choice label: the readings must name its option (see ``_names_option``)."""
+    readings = _choice_readings(response, truncated)
+    named = named_in_last_sentence(response, truncated) if content and not readings else None
+    readings = readings or ([named] if named else [])  # "... the curve is a parabola." for "(C) parabola"
+    if readings and not any(choice_letters(r) for r in readings) and not truncated:
+        beside = _letters_beside(response)  # "The answer is 24, which is option C.": letter and value
+        if beside and beside != {letter}:
+            return 0.0  # the value and the letter disagree, or two letters
+        if beside and content is None:
+            return 1.0
+    return 1.0 if any(_names_option(r, letter, content, opts) for r in readings) else 0.0
+
+
 def grade_math(sample: Sample, opts: MathOptions = DEFAULT) -> float:
     """1.0 when the final answer of ``sample.response`` equals ``sample.label``, else 0.0."""
     if sample.label is None or str(sample.label).strip() == "":
@@ -258,10 +283,7 @@ def grade_math(sample: Sample, opts: MathOptions = DEFAULT) -> float:
     truncated = sample.status == Status.TRUNCATED
     option = label_option(label)
     if option is not None:
-        readings = _choice_readings(sample.response, truncated)
-        named = named_in_last_sentence(sample.response, truncated) if option[1] and not readings else None
-        readings = readings or ([named] if named else [])  # "... the curve is a parabola." for "(C) parabola"
-        return 1.0 if any(_names_option(r, *option, opts) for r in readings) else 0.0
+        return _grade_choice(sample.response, truncated, *option, opts)
     if opts.tolerance == 0 and _ASKS_APPROXIMATION.search(sample.prompt or ""):
         opts = MathOptions(opts.percent_policy, opts.tolerance, approximate=True)
     readings = final_answers(sample.response, truncated, arity(label))
