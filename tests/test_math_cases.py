@@ -222,6 +222,9 @@ def test_answer_forms(response, label, expected):
         ("The possible curves are circle, ellipse, parabola.", "parabola", 0, None),
         ("The curve is either an ellipse or a parabola.", "parabola", 0, None),
         ("The curve is not a parabola.", "parabola", 0, None),
+        ("Let me check whether the curve is a parabola.", "parabola", 0, None),  # a question, not an answer
+        ("If B^2 = 4AC, the curve is a parabola.", "parabola", 0, None),  # a condition
+        ("I think it could be a parabola.", "parabola", 0, None),
         ("The curve is probably a parabola.", "parabola", 0, None),
         ("The curve is a parabola", "parabola", 0, "truncated"),
         ("Let me check whether the curve is a parabola. The discriminant is", "parabola", 0, "truncated"),

@@ -20,7 +20,10 @@ or an option with its content (``(C) 24``) is graded as a multiple-choice letter
 option letter may be named ("B, not C" names one), case-insensitive; a last line that is only an
 option ("**B**", "D)", "Option C: 24") is the final answer; a response that ends by listing the
 options commits to none; for ``(C) 24`` the content alone (``\\boxed{24}``) also counts, and
-content written next to the letter must be the option's ("Option B: 24" gets 0).
+content written next to the letter must be the option's ("Option B: 24" gets 0), and so must a letter
+named beside a value ("24, which is option B" gets 0 for ``(C) 24``). Against a label that is only the
+value, a reading "(C) 24" is its value 24. A label that is a word or short name ("yes", "parabola") is
+also credited by a finished last sentence that ends by naming it ("... so the curve is a parabola.").
 
 Safety: only the last ``MAX_SCAN_CHARS`` of a response are searched; huge powers, towers,
 factorials and over-long answers never reach sympy. math-verify enforces its time limits with
@@ -210,6 +213,11 @@ _WORD_LABEL = re.compile(_NAME)
 _NAMED_THING = re.compile(rf"\b(?:is|are|was|forms?|makes?|gives?)\s+(?:(?:a|an|the)\s+)?({_NAME})$", re.IGNORECASE)
 
 
+# A sentence that asks, supposes or doubts names nothing: "check whether ... is a parabola".
+_TENTATIVE = re.compile(r"\b(?:if|whether|check\w*|determine|decide|suppose|assum\w*|let|could|might|may|would|"
+                        r"maybe|perhaps|possibly|probably|likely|not|either|or)\b", re.IGNORECASE)
+
+
 def word_label(label: str) -> str | None:
     """The label in lower case when it is a word or a short name ("yes", "\\\\text{parabola}", "right triangle").
 
@@ -236,6 +244,8 @@ def named_in_last_sentence(response: str, truncated: bool) -> str | None:
     if not tail.endswith((".", "!")):
         return None
     sentence = re.split(r"(?<=[.!?])\s+|\n", tail.rstrip(".!").rstrip())[-1]
+    if _TENTATIVE.search(sentence):
+        return None  # "Let me check whether the curve is a parabola.": a question, not an answer
     m = _NAMED_THING.search(_plain(sentence.replace("*", "")).strip())
     return m.group(1).lower() if m else None
 
