@@ -34,7 +34,7 @@ from rlvr.rewards import REWARDS, score
 from rlvr.rewards.dapo import dapo_reward
 from rlvr.rewards import deepscaler as _deepscaler  # noqa: F401  (registers "deepscaler")
 from rlvr.rewards.math import extract_answer, is_unsafe, math_reward
-from rlvr.core.types import Sample
+from rlvr.core.types import Sample, Status
 
 CASES_PATH = Path(__file__).parent / "data" / "math_cases.jsonl"
 CASES = [json.loads(line) for line in CASES_PATH.read_text().splitlines() if line.strip()]
@@ -203,6 +203,86 @@ def test_math_grader_agrees_on_realistic_cases(path, threshold):
 )
 def test_answer_forms(response, label, expected):
     assert score("math", response, label) == expected
+
+
+# Answers in words and decorated answers: each form credited, and its hedged, listed, negated,
+# truncated, wrong-unit and letter/value-disagreeing twins given 0. The last field is the status.
+@pytest.mark.parametrize(
+    "response,label,expected,status",
+    [
+        # words
+        ("Since the discriminant is zero, the curve is a parabola.", "parabola", 1, None),
+        ("The conic is an **ellipse**.", "\\text{ellipse}", 1, None),
+        ("So the quadrilateral is a rhombus.", "rhombus", 1, None),
+        ("So the triangle is a right triangle.", "right triangle", 1, None),
+        ("Since B^2 - 4AC = 0, the curve is a parabola.", "\\text{(C) parabola}", 1, None),
+        ("The curve is a parabola.", "(C) parabola", 1, None),
+        ("The curve is a hyperbola.", "(C) parabola", 0, None),
+        ("It is a circle, ellipse, or parabola.", "parabola", 0, None),
+        ("The possible curves are circle, ellipse, parabola.", "parabola", 0, None),
+        ("The curve is either an ellipse or a parabola.", "parabola", 0, None),
+        ("The curve is not a parabola.", "parabola", 0, None),
+        ("Let me check whether the curve is a parabola.", "parabola", 0, None),  # a question, not an answer
+        ("If B^2 = 4AC, the curve is a parabola.", "parabola", 0, None),  # a condition
+        ("I think it could be a parabola.", "parabola", 0, None),
+        ("The curve is probably a parabola.", "parabola", 0, None),
+        ("The curve is a parabola", "parabola", 0, "truncated"),
+        ("Let me check whether the curve is a parabola. The discriminant is", "parabola", 0, "truncated"),
+        ("The curve is a parabola.", "parabola", 0, "truncated"),
+        ("So the curve is a hyperbola.", "parabola", 0, None),
+        ("So the answer is yes.", "yes", 1, None),
+        ("\\boxed{\\text{No}}", "no", 1, None),
+        ("So the answer is yes or no, depending on n.", "yes", 0, None),
+        ("It is either yes or no.", "yes", 0, None),
+        ("The answer is **Yes**", "yes", 0, "truncated"),
+        ("The answer is yes.", "no", 0, None),
+        ("Yes, no, maybe.", "yes", 0, None),
+        # units / degrees in bold or box
+        ("So the angle is **45°**.", "45", 1, None),
+        ("\\boxed{45^\\circ}", "45^\\circ", 1, None),
+        ("\\boxed{\\frac{\\pi}{4}}", "45^\\circ", 1, None),
+        ("The answer is **12 cm**.", "12", 1, None),
+        ("\\boxed{12\\text{ cm}}", "12 \\text{ cm}", 1, None),
+        ("\\boxed{12\\text{ cm}}", "12 \\text{ m}", 0, None),
+        ("\\boxed{12\\text{ kg}}", "12 \\text{ cm}", 0, None),
+        ("So the angle is **45° or 135°**.", "45", 0, None),
+        ("So the angle is 45° or 135°.", "45^\\circ", 0, None),
+        ("The answer is **45°", "45", 0, "truncated"),
+        ("\\boxed{46^\\circ}", "45", 0, None),
+        # implied units
+        ("The total is **350 cents**.", "\\$3.50", 1, None),
+        ("\\boxed{350 \\text{ cents}}", "\\$3.50", 1, None),
+        ("\\boxed{150 \\text{ minutes}}", "2.5 \\text{ hours}", 1, None),
+        ("\\boxed{350}", "\\$3.50", 0, None),
+        ("\\boxed{350 \\text{ dollars}}", "\\$3.50", 0, None),
+        ("The total is 350 cents or 3 dollars.", "\\$3.50", 0, None),
+        ("\\boxed{350 \\text{ cents}}", "3.50", 0, None),
+        ("The total is 350 cents", "\\$3.50", 0, "truncated"),
+        ("\\boxed{3.5 \\text{ kg}}", "\\$3.50", 0, None),
+        # letter + value
+        ("The answer is (C) 24.", "24", 1, None),
+        ("\\boxed{(C) 24}", "24", 1, None),
+        ("The answer is **(C) 24**.", "24", 1, None),
+        ("The answer is (C) 24.", "(C) 24", 1, None),
+        ("The answer is (C) 24.", "C", 1, None),
+        ("The answer is (B) 24.", "(C) 24", 0, None),
+        ("The answer is (C) 18.", "(C) 24", 0, None),
+        ("The answer is (C) 18.", "24", 0, None),
+        ("The answer is (A) 24 or (C) 18.", "24", 0, None),
+        ("\\boxed{(A) 12, (C) 24}", "24", 0, None),
+        ("The answer is (C) 24", "24", 0, "truncated"),
+        ("\\boxed{C}", "24", 0, None),
+        ("The answer is 24, which is option C.", "C", 1, None),
+        ("So the answer is 24 (option C).", "(C) 24", 1, None),
+        ("The answer is 24, which is option B.", "(C) 24", 0, None),  # the value and the letter disagree
+        ("The answer is 24, which is option B.", "C", 0, None),
+        ("The answer is 24, which is option C or D.", "C", 0, None),
+        ("The answer is 24, which is option C", "C", 0, "truncated"),
+    ],
+)
+def test_words_and_decorated_answers(response, label, expected, status):
+    sample = Sample(prompt="", prompt_ids=[], label=label, response=response, status=Status(status or "completed"))
+    assert math_reward(sample) == expected
 
 
 def test_pathological_cases_are_graded_fast():

@@ -20,7 +20,10 @@ or an option with its content (``(C) 24``) is graded as a multiple-choice letter
 option letter may be named ("B, not C" names one), case-insensitive; a last line that is only an
 option ("**B**", "D)", "Option C: 24") is the final answer; a response that ends by listing the
 options commits to none; for ``(C) 24`` the content alone (``\\boxed{24}``) also counts, and
-content written next to the letter must be the option's ("Option B: 24" gets 0).
+content written next to the letter must be the option's ("Option B: 24" gets 0), and so must a letter
+named beside a value ("24, which is option B" gets 0 for ``(C) 24``). Against a label that is only the
+value, a reading "(C) 24" is its value 24. A label that is a word or short name ("yes", "parabola") is
+also credited by a finished last sentence that ends by naming it ("... so the curve is a parabola.").
 
 Safety: only the last ``MAX_SCAN_CHARS`` of a response are searched; huge powers, towers,
 factorials and over-long answers never reach sympy. math-verify enforces its time limits with
@@ -184,6 +187,69 @@ def _names_option(reading: str, letter: str, content: str | None, opts: MathOpti
     return content is None or not re.search(r"\d", rest) or is_equivalent(rest, content, opts)
 
 
+# --- a value given with its option letter, against a label that is the value ------------------
+
+# "(C) 24", "C) 24", "**(C)** 24": one option letter in front of the value.
+_LETTER_THEN_VALUE = re.compile(r"^\s*(?:\(([A-J])\)|([A-J])\))\s*[:.-]?\s*(\S.*)$")
+
+
+def _without_option_letter(reading: str) -> str | None:
+    """The value of a reading that is one option letter followed by it ("(C) 24" -> "24"), else None.
+
+    >>> _without_option_letter("(C) 24"), _without_option_letter("(a) 3, (b) 4"), _without_option_letter("24")
+    ('24', None, None)
+    """
+    m = _LETTER_THEN_VALUE.match(_plain(reading).replace("*", ""))
+    if m is None or re.search(r"\(\s*[A-Ja-j]\s*\)|\b[A-J]\)", m.group(3)):
+        return None  # not one option: "(A) 3 (B) 4" lists options
+    return m.group(3).strip()
+
+
+# --- answers in words: "yes", "no", the name of a curve or shape ---------------------------------
+
+_NAME = r"[A-Za-z][A-Za-z'-]*(?: [A-Za-z][A-Za-z'-]*){0,2}"  # "parabola", "yes", "right triangle"
+_WORD_LABEL = re.compile(_NAME)
+# The last sentence names one thing: "So the curve is a parabola.", "The shape formed is an ellipse."
+_NAMED_THING = re.compile(rf"\b(?:is|are|was|forms?|makes?|gives?)\s+(?:(?:a|an|the)\s+)?({_NAME})$", re.IGNORECASE)
+
+
+# A sentence that asks, supposes or doubts names nothing: "check whether ... is a parabola".
+_TENTATIVE = re.compile(r"\b(?:if|whether|check\w*|determine|decide|suppose|assum\w*|let|could|might|may|would|"
+                        r"maybe|perhaps|possibly|probably|likely|not|either|or)\b", re.IGNORECASE)
+
+
+def word_label(label: str) -> str | None:
+    """The label in lower case when it is a word or a short name ("yes", "\\\\text{parabola}", "right triangle").
+
+    >>> word_label("\\\\text{Parabola}"), word_label("yes"), word_label("12"), word_label("x + 1")
+    ('parabola', 'yes', None, None)
+    """
+    plain = re.sub(r"\s+", " ", _plain(label)).strip().rstrip(".")
+    return plain.lower() if _WORD_LABEL.fullmatch(plain) and label_option(label) is None else None
+
+
+def named_in_last_sentence(response: str, truncated: bool) -> str | None:
+    """The word or short name that a finished response ends by stating ("... the curve is a parabola."),
+    in lower case; None for a cut response, a list, a hedge or a negation ("is not a", "is either").
+
+    >>> named_in_last_sentence("Since B^2 - 4AC = 0, the curve is a parabola.", False)
+    'parabola'
+    >>> named_in_last_sentence("It is a circle, ellipse, or parabola.", False) is None
+    True
+    """
+    _, final = split_thinking(response)
+    if final is None or truncated:
+        return None
+    tail = final[-FALLBACK_TAIL:].rstrip().rstrip("*").rstrip()
+    if not tail.endswith((".", "!")):
+        return None
+    sentence = re.split(r"(?<=[.!?])\s+|\n", tail.rstrip(".!").rstrip())[-1]
+    if _TENTATIVE.search(sentence):
+        return None  # "Let me check whether the curve is a parabola.": a question, not an answer
+    m = _NAMED_THING.search(_plain(sentence.replace("*", "")).strip())
+    return m.group(1).lower() if m else None
+
+
 # --- the reward ---------------------------------------------------------------------------------
 
 # The prompt asks for an approximate answer: then a rounded decimal is what it wants.
@@ -194,6 +260,31 @@ _ASKS_APPROXIMATION = re.compile(
 )
 
 
+def _letters_beside(response: str) -> set[str]:
+    """The option letters that the last sentence names beside a value ("24, which is option C" -> {C})."""
+    _, final = split_thinking(response)
+    if final is None:
+        return set()
+    sentence = re.split(r"(?<=[.!?])\s+|\n", final[-FALLBACK_TAIL:].strip().rstrip(".!").rstrip())[-1]
+    sentence = _REJECTED.sub("", _plain(sentence))
+    first = _NAMED_OPTION.search(sentence)
+    return choice_letters(sentence[first.start():]) if first else set()  # "option C or D" names two
+
+
+def _grade_choice(response: str, truncated: bool, letter: str, content: str | None, opts: MathOptions) -> float:
+    """A multiple-choice label: the readings must name its option (see ``_names_option``)."""
+    readings = _choice_readings(response, truncated)
+    named = named_in_last_sentence(response, truncated) if content and not readings else None
+    readings = readings or ([named] if named else [])  # "... the curve is a parabola." for "(C) parabola"
+    if readings and not any(choice_letters(r) for r in readings) and not truncated:
+        beside = _letters_beside(response)  # "The answer is 24, which is option C.": letter and value
+        if beside and beside != {letter}:
+            return 0.0  # the value and the letter disagree, or two letters
+        if beside and content is None:
+            return 1.0
+    return 1.0 if any(_names_option(r, letter, content, opts) for r in readings) else 0.0
+
+
 def grade_math(sample: Sample, opts: MathOptions = DEFAULT) -> float:
     """1.0 when the final answer of ``sample.response`` equals ``sample.label``, else 0.0."""
     if sample.label is None or str(sample.label).strip() == "":
@@ -202,12 +293,20 @@ def grade_math(sample: Sample, opts: MathOptions = DEFAULT) -> float:
     truncated = sample.status == Status.TRUNCATED
     option = label_option(label)
     if option is not None:
-        readings = _choice_readings(sample.response, truncated)
-        return 1.0 if any(_names_option(r, *option, opts) for r in readings) else 0.0
+        return _grade_choice(sample.response, truncated, *option, opts)
     if opts.tolerance == 0 and _ASKS_APPROXIMATION.search(sample.prompt or ""):
         opts = MathOptions(opts.percent_policy, opts.tolerance, approximate=True)
     readings = final_answers(sample.response, truncated, arity(label))
-    return 1.0 if any(is_equivalent(r.strip(), label, opts) for r in readings) else 0.0
+    if any(is_equivalent(r.strip(), label, opts) for r in readings):
+        return 1.0
+    values = [v for v in map(_without_option_letter, readings) if v]  # "(C) 24" for the label 24
+    if any(is_equivalent(v, label, opts) for v in values):
+        return 1.0
+    word = word_label(label)  # "... so the curve is a parabola." for the label parabola
+    if word and named_in_last_sentence(sample.response, truncated) == word:
+        # the name ends the last sentence, so it is the answer unless a box or marker committed to another
+        return 0.0 if final_answers(sample.response, truncated, fallback=False) else 1.0
+    return 0.0
 
 
 @inline  # cheap pure CPU: runs on the event-loop thread, where math-verify's alarm works
