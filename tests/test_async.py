@@ -17,6 +17,7 @@ from rlvr.core.errors import ConfigError
 from rlvr.core.testing import RUN_SILENT_ENV
 from rlvr.runtime.build import load_tokenizer
 from rlvr.runtime.loop import run
+from rlvr.core.types import RolloutBatch
 from rlvr.observe import read_metrics
 from rlvr.rewards import Grader, RewardConfig
 from rlvr.rollout.producer import AsyncProducer
@@ -33,11 +34,19 @@ def _args(tiny_qwen2, arith_files, out, *extra) -> list[str]:
 
 @pytest.mark.slow
 def test_max_staleness_1_bounds_every_trained_sample(tiny_qwen2, arith_files, tmp_path):
+    dump = tmp_path / "dump" / "r{rollout_id}.pt"
     cfg = parse_config(_args(tiny_qwen2, arith_files, tmp_path / "run", "--async", "--max-staleness", "1",
-                             "--rollout-concurrency", "8"))
+                             "--rollout-concurrency", "8", "--save-debug-rollout-data", str(dump)))
     run_dir = run(cfg, console=False)
     rows = read_ledger(run_dir)
     trained = [r for r in rows if r["trained"]]
+    # --save-debug-rollout-data keeps what the async producer made: each rollout's trained samples,
+    # every token with the version that sampled it, in the order it was sampled
+    for rollout_id in range(6):
+        batch = RolloutBatch.load(str(dump).format(rollout_id=rollout_id))
+        assert sorted(s.uid for s in batch.samples) == sorted(r["uid"] for r in trained if r["rollout_id"] == rollout_id)
+        for s in batch.samples:
+            assert len(s.weight_versions) == len(s.response_ids) and s.weight_versions == sorted(s.weight_versions)
     staleness = [r["rollout_id"] - r["version_min"] for r in trained]
     assert max(staleness) == 1  # the producer did run ahead (the bound is what holds it at 1) ...
     assert all(0 <= s <= 1 for s in staleness)  # ... and no trained sample is older than K

@@ -100,6 +100,8 @@ class Step:
         cfg, t0 = self.cfg, time.perf_counter()
         done, train = rollout_id + 1, not cfg.run.debug_rollout_only
         batch = self.source.next_batch(rollout_id)
+        if cfg.run.save_debug_rollout_data:  # whichever source made it: sync, async or pipelined
+            batch.save(cfg.run.save_debug_rollout_data.format(rollout_id=rollout_id))
         crash_point(f"rollout:{rollout_id}")  # crash tests only: SIGKILL in the middle of a rollout
         train_metrics, perf = self.train(rollout_id, batch) if train else ({}, {})
         eval_metrics = {}
@@ -187,19 +189,15 @@ def save(cfg: Config, c: Components, done: int, logger: MetricsLogger, source) -
 
 
 def next_batch(cfg: Config, rollout: Rollout, rollout_id: int) -> RolloutBatch:
-    """Rollout ``rollout_id``: sampled and graded, or replayed from ``--load-debug-rollout-data``;
-    saved to ``--save-debug-rollout-data`` when asked (slime's debug split)."""
+    """Rollout ``rollout_id``: sampled and graded, or replayed from ``--load-debug-rollout-data``
+    (slime's debug split; ``Step.rollout`` saves every source's batches to ``--save-debug-rollout-data``)."""
     r = cfg.run
     if r.load_debug_rollout_data:
         path = Path(r.load_debug_rollout_data.format(rollout_id=rollout_id))
         if not path.is_file():
             raise DataError(str(path), None, f"no saved rollout {rollout_id} (--load-debug-rollout-data)")
-        batch = RolloutBatch.load(path)
-    else:
-        batch = rollout.generate(rollout_id)
-    if r.save_debug_rollout_data:
-        batch.save(r.save_debug_rollout_data.format(rollout_id=rollout_id))
-    return batch
+        return RolloutBatch.load(path)
+    return rollout.generate(rollout_id)
 
 
 def batch_source(cfg: Config, c: Components, start: int, resume: dict | None = None):
