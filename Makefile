@@ -85,7 +85,7 @@ test: setup-dev smollm2
 	  $(PY) -m pytest -q; rc=$$?; \
 	  wait $$build || { cat $(VLLM_LOG); echo "make test: make vllm failed (log above)"; exit 1; }; \
 	  cat $(VLLM_LOG); [ $$rc -eq 0 ] || exit $$rc
-	$(if $(VLLM_OK),$(VPY),$(PY)) -m pytest -q tests/test_vllm*.py
+	OMP_NUM_THREADS=1 $(if $(VLLM_OK),$(VPY),$(PY)) -m pytest -q tests/test_vllm*.py
 
 ifeq ($(VLLM_OK),yes)
 $(VLLM_VENV)/.vllm:

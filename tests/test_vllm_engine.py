@@ -6,7 +6,6 @@ installed. One engine serves every test of the file (start-up ~10-25 s).
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -28,7 +27,6 @@ EOS = 2
 def engine():
     from rlvr.engine.vllm_engine import VllmEngine
 
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     eng = VllmEngine(SMOLLM2, seed=0, max_running_requests=32, kv_cache_gb=0.5)
     yield eng
     eng.close()
