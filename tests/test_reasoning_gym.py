@@ -4,8 +4,6 @@
 curriculum that survives SIGKILL + ``--load``."""
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from rlvr.data.reasoning_gym import (UNSCORABLE, TaskStream, entry_at, generator
                                      parse_spec, split_of, task_dataset)
 from rlvr.rewards import grade, score  # noqa: E402
 from rlvr.rewards.reasoning_gym import final_answer, reasoning_gym_reward  # noqa: E402
+from tests.support import run_rlvr  # noqa: E402
 
 REPLIES = Path(__file__).parent / "data" / "reasoning_gym_replies.jsonl"
 
@@ -218,13 +217,7 @@ def test_stream_state_round_trips_exactly(tmp_path):
 
 
 # ---- real runs ----------------------------------------------------------------------------------------
-def rlvr(*args, kill_at: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("RLVR_TEST_SIGKILL_AT", None)
-    if kill_at:
-        env["RLVR_TEST_SIGKILL_AT"] = kill_at
-    return subprocess.run([sys.executable, "-m", "rlvr", *args], capture_output=True, text=True, env=env,
-                          timeout=600)
+rlvr = run_rlvr  # python -m rlvr on one thread, SIGKILLed at a crash point when asked
 
 
 def _mix(tmp_path: Path) -> Path:
