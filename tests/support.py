@@ -319,6 +319,37 @@ def cgroup_tree_pids(root: Path) -> set[int]:
     return pids
 
 
+PF_EXITING = 0x4  # the kernel's task flag for a process inside exit(2)
+SIGKILL_BIT = 1 << (signal.SIGKILL - 1)  # its bit in /proc/PID/status's pending-signal masks
+
+
+def can_still_act(pid: int) -> bool:
+    """Whether ``pid`` can still run code of its own: it exists, is not a zombie, is not inside
+    exit(2) and has no SIGKILL pending. A process killed a moment ago may stay listed in /proc for
+    a while on a loaded machine (exiting, or waiting to be scheduled to die); it can do nothing."""
+    proc = Path("/proc", str(pid))
+    try:
+        fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        status = dict(line.split(":", 1) for line in (proc / "status").read_text().splitlines() if ":" in line)
+    except (OSError, IndexError, ValueError):
+        return False
+    state, flags = fields[0], int(fields[6])
+    pending = int(status.get("SigPnd", "0"), 16) | int(status.get("ShdPnd", "0"), 16)
+    return state not in ("Z", "X") and not flags & PF_EXITING and not pending & SIGKILL_BIT
+
+
+def nobody_pids() -> set[int]:
+    """Processes of uid nobody (what the sandbox runs programs as when root) that can still act."""
+    found = set()
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and p.stat().st_uid == 65534 and can_still_act(int(p.name)):
+                found.add(int(p.name))
+        except OSError:
+            pass
+    return found
+
+
 def destroy_fence(fence: dict[str, Path]) -> set[int]:
     """Kill whatever is left in the fence, remove it; returns the pids that were left."""
     left = set()

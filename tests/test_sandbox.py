@@ -26,7 +26,8 @@ from rlvr.rewards.code import CodeReward, extract_program
 from rlvr.config.reward import RewardConfig
 from rlvr.sandbox.runner import SandboxLimits, available_protections, run_program
 from rlvr.core.types import Sample
-from tests.support import FAST, FENCE_PIDS, HOSTILE_CFG, HOSTILE_DIR, cgroup_tree_pids, destroy_fence, make_fence, own_cgroup_dir
+from tests.support import (FAST, FENCE_PIDS, HOSTILE_CFG, HOSTILE_DIR, can_still_act, cgroup_tree_pids, destroy_fence,
+                           make_fence, nobody_pids, own_cgroup_dir)
 
 PROTECTIONS = available_protections()
 IS_ROOT = os.geteuid() == 0
@@ -165,13 +166,28 @@ def test_cancelled_run_leaves_nothing_behind():
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(run_program("import time; time.sleep(100)"), 0.5)
 
-    before = _nobody_pids()
+    before = nobody_pids()
     asyncio.run(cancel_midway())
-    assert _nobody_pids() - before == set()
+    assert nobody_pids() - before == set()
     for controller in ("pids", "memory"):
         base = own_cgroup_dir(controller)
         if base is not None:
             assert not list(base.glob(f"rlvr-sbx-{os.getpid()}-*")), "the run's cgroup was not removed"
+
+
+def test_a_killed_process_cannot_act_once_dead():
+    # The outlived-the-call checks count only processes that can still run code: a zombie or a
+    # process inside exit(2) is dead already, however long /proc keeps listing it.
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        assert can_still_act(proc.pid) and can_still_act(os.getpid())
+        proc.kill()
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # a zombie now, not yet reaped
+        assert Path(f"/proc/{proc.pid}").exists() and not can_still_act(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not can_still_act(proc.pid)
 
 
 def test_without_cgroups_it_falls_back_and_says_so(monkeypatch, tmp_path):
@@ -212,39 +228,24 @@ HOSTILE = {
     "escape_cgroup": ({"exit code 1"}, {"root", "fence"}),
 }
 SLACK = 2.0  # seconds a run may take beyond its limit (start-up, clean-up, a loaded machine)
-def _nobody_pids() -> set[int]:
-    """Live (not zombie) processes of uid nobody: what the sandbox runs programs as when root.
-
-    Zombies are dead already; the killed programs' orphans wait for init to reap them.
-    """
-    found = set()
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                if p.stat().st_uid == 65534 and (p / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                    found.add(int(p.name))
-            except (OSError, IndexError):
-                pass
-    return found
-
-
 def _driver(spec: dict) -> None:
     """Runs in the fenced child: grade each hostile program, print one JSON line per program."""
     for d in spec["fence"].values():
         Path(d, "cgroup.procs").write_text(str(os.getpid()))
     reward = CodeReward(RewardConfig(**spec["cfg"]))
     label = {"inputs": [""], "outputs": ["ESCAPED"]}  # only a successful attack would pass
-    before = _nobody_pids()
+    before = nobody_pids()
     for name, source in spec["programs"].items():
         t = time.monotonic()
         result = asyncio.run(reward(Sample(prompt="", prompt_ids=[], label=label, response=source)))
         duration = time.monotonic() - t
-        left = {p for d in spec["fence"].values() for p in cgroup_tree_pids(Path(d))} - {os.getpid()}
-        row = dict(name=name, duration=duration, left=sorted(left | (_nobody_pids() - before)), **result)
+        in_fence = {p for d in spec["fence"].values() for p in cgroup_tree_pids(Path(d))} - {os.getpid()}
+        left = {p for p in in_fence if can_still_act(p)}
+        row = dict(name=name, duration=duration, left=sorted(left | (nobody_pids() - before)), **result)
         if name == "daemon":  # run it once more, raw, to learn the daemon's pid
             raw = asyncio.run(run_program(extract_program(source), limits=reward.limits))
             row["daemon_pid"] = int(raw.stdout.split()[0]) if raw.stdout.strip() else None
-            row["daemon_alive"] = row["daemon_pid"] in _nobody_pids()
+            row["daemon_alive"] = row["daemon_pid"] in nobody_pids()
         print(json.dumps(row), flush=True)
 
 

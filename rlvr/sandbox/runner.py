@@ -37,6 +37,7 @@ import asyncio
 import functools
 import itertools
 import json
+import logging
 import os
 import pwd
 import shutil
@@ -55,6 +56,8 @@ _CLEAN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL
 # The interpreter binary itself, not a venv's symlink to it: with -I -S no venv is used anyway,
 # and an unprivileged uid must be able to reach it (see the launcher's private_readonly_fs).
 _PYTHON = os.path.realpath(sys.executable)
+
+log = logging.getLogger(__name__)
 
 
 class SandboxError(RuntimeError):
@@ -452,7 +455,9 @@ async def _run(source: str, stdin: str, limits: SandboxLimits) -> RunResult:
     finally:
         if child is not None and child.proc.returncode is None:
             _signal(child.proc.pid, signal.SIGKILL, group=True)
-        await cgroups.kill_all()
+        if not await cgroups.kill_all():
+            log.warning("sandbox run %s: processes %s still in its cgroups after SIGKILL; left for the kernel",
+                        name, sorted(cgroups.pids()))
         await cgroups.remove()
         os.close(status_r)
         shutil.rmtree(workdir, ignore_errors=True)
