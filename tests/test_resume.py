@@ -16,8 +16,8 @@ SMALL_EVAL_ROWS = 6  # the small_eval fixture (conftest.py)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra", [(), ("--lora-rank", "4", "--lr", "1e-2"), ("--async", "--max-staleness", "1")],
-                         ids=["full", "lora", "async"])
+@pytest.mark.parametrize("extra", [(), ("--lora-rank", "4", "--lr", "1e-2"), ("--async", "--max-staleness", "1"),
+                                   ("--compile-layers",)], ids=["full", "lora", "async", "compiled"])
 def test_sigkill_mid_rollout_then_resume_matches_uninterrupted_run(tiny_qwen2, arith_files, small_eval, tmp_path,
                                                                   extra, busy_cpu):
     """Every value the resumed process logs equals the uninterrupted run's exactly. A busy process
@@ -33,6 +33,8 @@ def test_sigkill_mid_rollout_then_resume_matches_uninterrupted_run(tiny_qwen2, a
     resumed = run_rlvr(*resume_args(tiny_qwen2, train, small_eval, tmp_path / "resumed", *extra))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stderr and "rollout 4" in resumed.stderr
+    if "--compile-layers" in extra:
+        assert "decoder layers compiled" in full.stderr and "decoder layers compiled" in resumed.stderr
     assert "differ from the checkpoint" not in resumed.stderr
 
     a, b = logged_values(tmp_path / "full"), logged_values(tmp_path / "resumed")

@@ -4,7 +4,7 @@ that follow the flag. Needs no vLLM (it runs in every environment)."""
 import pytest
 
 from rlvr.core.errors import ConfigError
-from rlvr.runtime.build import lora_engines_merge
+from rlvr.runtime.build import lora_engines_merge, vllm_lora
 from rlvr.runtime.configure import parse_config
 
 
@@ -20,6 +20,7 @@ def base(tiny_qwen2, arith_files):
     (["--colocate"], "--colocate"),
     (["--rollout-num-engines", "2"], "--rollout-engine"),
     (["--use-fault-tolerance"], "--rollout-engine"),
+    (["--lora-rank", "600"], "--lora-rank"),
 ])
 def test_what_vllm_cannot_honour_is_refused_with_the_reason(base, extra, flag):
     with pytest.raises(ConfigError, match=flag) as e:
@@ -27,10 +28,15 @@ def test_what_vllm_cannot_honour_is_refused_with_the_reason(base, extra, flag):
     assert "vllm" in str(e.value).lower()
 
 
-def test_vllm_engine_takes_merged_lora_weights(base):
+def test_vllm_engine_takes_lora_adapters(base):
     cfg = parse_config(base + ["--lora-rank", "4"])
-    assert cfg.engine.rollout_engine == "vllm" and lora_engines_merge(cfg)
+    assert cfg.engine.rollout_engine == "vllm" and not lora_engines_merge(cfg)  # vLLM's LoRA route
+    assert vllm_lora(cfg) == {"lora_rank": 4, "lora_alpha": 8.0}
+    assert vllm_lora(parse_config(base)) == {"lora_rank": 0, "lora_alpha": None}
     assert not lora_engines_merge(parse_config(base[:-2] + ["--lora-rank", "4"]))  # the embedded engine holds the adapter
+    servers = ["--rollout-external-engine-addrs", "127.0.0.1:1"]
+    assert lora_engines_merge(parse_config(base[:-2] + servers + ["--lora-rank", "4"]))  # SGLang-protocol servers
+    assert not lora_engines_merge(parse_config(base + servers + ["--lora-rank", "4"]))  # vLLM servers: adapters
 
 
 def test_unknown_engine_lists_the_choices(base, capsys):

@@ -172,3 +172,42 @@ def test_embedded_engine_matches_transformers_in_this_environment(hf_model, prom
     finally:
         engine.close()
     assert (torch.tensor(r.log_probs) - hf_log_probs(hf_model, prompt, r.token_ids, 1.0)).abs().max() < 1e-4
+
+
+def test_lora_adapters_go_through_vllms_lora_route(prompt):
+    """With ``lora_rank`` the trainer's adapter tensors (PEFT's LoRA layers, as ``--lora-rank`` wraps
+    the model) are served by vLLM's LoRA route: its log-probs follow the PEFT model's, a second push
+    replaces the adapter in place, and the base weights in vLLM never change."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.engine.vllm_engine import VllmEngine
+    from rlvr.train import lora
+
+    train = SimpleNamespace(lora_adapter_path=None, target_modules=["all-linear"], lora_rank=8, lora_alpha=None,
+                            lora_dropout=0.0)
+    model = AutoModelForCausalLM.from_pretrained(SMOLLM2, dtype=torch.float32)
+    lora.add_adapter(model, train)  # in place, as the trainer's model: LoRA layers under the HF names
+    eng = VllmEngine(SMOLLM2, seed=0, max_running_requests=8, kv_cache_gb=0.5, lora_rank=8)
+    try:
+        greedy = SamplingParams(temperature=0, max_new_tokens=12)
+        (base,) = eng.generate_sync([GenerateRequest(list(prompt), greedy)])
+        g = torch.Generator().manual_seed(0)
+        for push in (1, 2):
+            with torch.no_grad():  # B = 0 at the start: give every adapter a visible, different effect
+                for name, p in model.named_parameters():
+                    if p.requires_grad:
+                        p.copy_(torch.randn(p.shape, generator=g) * (0.02 if ".lora_A." in name else 0.05))
+            weights = lora.adapter_weights(model)
+            assert all(".lora_" in n for n in weights)  # adapters only: the base never travels
+            eng.update_weights(weights, version=push)
+            (out,) = eng.generate_sync([GenerateRequest(list(prompt), SamplingParams(temperature=1.0, max_new_tokens=24))])
+            assert out.weight_versions == [push] * len(out.token_ids)
+            gap = (torch.tensor(out.log_probs) - hf_log_probs(model, prompt, out.token_ids, 1.0)).abs()
+            assert gap.mean() < 1e-4 and gap.max() < 1e-3, (push, gap.mean(), gap.max())
+            (moved,) = eng.generate_sync([GenerateRequest(list(prompt), greedy)])
+            assert moved.log_probs != base.log_probs  # the adapter is applied
+        assert eng.reloads == 2
+    finally:
+        eng.close()

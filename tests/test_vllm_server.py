@@ -1,6 +1,7 @@
 """``VllmHttpEngine`` against a real vLLM server (the CPU build's OpenAI API server on 127.0.0.1,
-dev mode) on SmolLM2: token ids and log-probs out, a weight push through ``/collective_rpc``
-``reload_weights`` from shared memory, abort.
+dev mode, LoRA enabled) on SmolLM2: token ids and log-probs out, a weight push through
+``/collective_rpc`` ``reload_weights`` from shared memory, a LoRA adapter through
+``/v1/load_lora_adapter``, abort.
 
 ``make test`` runs this file in .venv-vllm (``make vllm``); elsewhere it skips where vLLM is not
 installed. Cost: one server start (~50 s multi-process) and a few requests.
@@ -42,10 +43,11 @@ def free_port() -> int:
 def server(tmp_path_factory):
     port = free_port()
     log_path = tmp_path_factory.mktemp("vllm") / "server.log"
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(SMOLLM2), "--host", "127.0.0.1",
            "--port", str(port), "--dtype", "float32", "--enforce-eager", "--block-size", "32", "--max-num-seqs", "16",
-           "--logprobs-mode", "processed_logprobs", "--kv-cache-memory-bytes", str(512 << 20)]
+           "--logprobs-mode", "processed_logprobs", "--kv-cache-memory-bytes", str(512 << 20),
+           "--enable-lora", "--max-lora-rank", "8"]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -127,3 +129,36 @@ def test_abort_ends_the_request_with_reason_abort(engine, prompt):
     worker.join(timeout=120)
     (r,) = box[0]
     assert r.finish_reason == "abort" and len(r.token_ids) < 3000, (r.finish_reason, len(r.token_ids), r.meta)
+
+
+def test_lora_adapter_push_is_served_through_the_lora_route(server, prompt):
+    """A client with ``lora_rank`` sends full weights through the reload route and the trainer's
+    adapter tensors through vLLM's LoRA route; the server's log-probs follow the PEFT model's."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.engine.vllm_http import VllmHttpEngine
+    from rlvr.engine.vllm_lora import LORA_NAME
+    from rlvr.train import lora
+
+    train = SimpleNamespace(lora_adapter_path=None, target_modules=["all-linear"], lora_rank=8, lora_alpha=None,
+                            lora_dropout=0.0)
+    model = AutoModelForCausalLM.from_pretrained(SMOLLM2, dtype=torch.float32)
+    lora.add_adapter(model, train)  # in place, as the trainer's model: LoRA layers under the HF names
+    eng = VllmHttpEngine([server], timeout=300, lora_rank=8)
+    try:
+        eng.update_weights(lora.merged_weights(model), version=10)  # the checkpoint's base again (B = 0)
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if p.requires_grad:
+                    p.copy_(torch.randn(p.shape, generator=g) * (0.02 if ".lora_A." in name else 0.05))
+        eng.update_weights(lora.adapter_weights(model), version=11)
+        assert set(eng.models.values()) == {LORA_NAME} and [p.name for p in eng.weights_dir.iterdir()] == ["v11"]
+        (r,) = asyncio.run(eng.generate([GenerateRequest(list(prompt), SamplingParams(temperature=1.0, max_new_tokens=20))]))
+        assert r.finish_reason in ("stop", "length") and r.weight_versions == [11] * len(r.token_ids)
+        gap = (torch.tensor(r.log_probs) - hf_log_probs(model, prompt, r.token_ids, 1.0)).abs()
+        assert gap.mean() < 1e-4 and gap.max() < 1e-3, (gap.mean(), gap.max())
+    finally:
+        eng.close()

@@ -146,6 +146,9 @@ class TrainConfig:
     balance_data: bool = _f(False, "split a rollout across data-parallel ranks by token count (Karmarkar-Karp)")
     bf16: bool = _f(False, "bfloat16 parameters and activations, float32 master weights in the optimizer")
     recompute_activations: bool = _f(False, "recompute each layer's activations in backward to save memory")
+    compile_layers: bool = _f(False, "torch.compile (dynamic shapes) each decoder layer's MLP and norms, the "
+                                     "element-wise work between the matmuls; off by default: 0.92-1.11x eager on "
+                                     "a 2-core AVX2 CPU after an ~80 s compile (docs/benchmarks.md)")
     optimizer: str = _f("adam", "slime's optimizer name; Megatron's adam is AdamW (decoupled weight decay), "
                                 "which is what rlvr runs", ["adam"])
     max_consecutive_skipped_steps: int = _f(3, "stop after this many optimizer steps in a row skipped for a non-finite "

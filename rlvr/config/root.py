@@ -208,6 +208,7 @@ class Config:
              "not the full vocabulary the trainer compares them with; use -1 or the embedded engine"),
             ("--use-rollout-routing-replay", self.train.use_rollout_routing_replay, "the vLLM engine does not return "
              "routed experts here; use the embedded engine"),
+            ("--lora-rank", self.train.lora_rank > 512, "vLLM serves LoRA ranks up to 512"),
         ]
         for flag, bad, why in refused:
             if bad:

@@ -28,7 +28,9 @@ tensors as a weights iterator (vLLM's CPU backend repacks linear weights at star
 own ``load_weights`` fails afterwards), then ``reset_prefix_cache(reset_running_requests=True)``:
 requests in flight are preempted and recompute their KV under the new weights, and no later prompt
 reuses KV of the old ones. ``pause()`` / ``resume()`` hold the steps (vLLM's ``/pause`` and
-``/resume``); an update while paused applies at once.
+``/resume``); an update while paused applies at once. With ``lora_rank`` (``--lora-rank``) vLLM
+serves the trainer's adapter through its LoRA route (``rlvr.engine.vllm_lora``): a push of adapter
+tensors replaces the adapter in place, a push of full weights still reloads the base.
 
 Reproducibility: vLLM's per-request ``seed`` killed the engine under concurrent requests on CPU
 ("CPU Generator does not use offset"), so request seeds are not passed on: every request draws
@@ -42,6 +44,8 @@ import asyncio
 import itertools
 import logging
 import os
+import shutil
+import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +54,7 @@ from typing import Callable, Iterable, Mapping
 import torch
 
 from rlvr.engine.base import FINISH_REASONS, GenerateRequest, GenerateResult, SamplingParams
+from rlvr.engine.vllm_lora import LORA_ID, LORA_NAME, is_adapter, max_lora_rank, write_adapter
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +105,7 @@ class VllmEngine:
     """``Engine`` over an in-process vLLM ``LLMEngine`` on the checkpoint ``model`` (module docstring)."""
 
     def __init__(self, model: str | Path, seed: int = 0, max_running_requests: int = 256, kv_cache_gb: float = 1.0,
-                 device: str = "cpu", max_top_logprobs: int = 20):
+                 device: str = "cpu", max_top_logprobs: int = 20, lora_rank: int = 0, lora_alpha: float | None = None):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         try:
             from vllm import EngineArgs
@@ -112,8 +117,14 @@ class VllmEngine:
                           dtype="float32" if on_cpu else "auto", enforce_eager=on_cpu,
                           enable_prefix_caching=True, block_size=32 if on_cpu else None,
                           logprobs_mode="processed_logprobs",
-                          max_logprobs=max_top_logprobs, kv_cache_memory_bytes=int(kv_cache_gb * 2**30))
+                          max_logprobs=max_top_logprobs, kv_cache_memory_bytes=int(kv_cache_gb * 2**30),
+                          **({"enable_lora": True, "max_lora_rank": max_lora_rank(lora_rank), "max_loras": 1}
+                             if lora_rank else {}))
         self.llm = LLMEngine.from_engine_args(args)
+        self.lora_alpha = lora_alpha or 2 * lora_rank  # PEFT's scale alpha / rank; rlvr's default alpha
+        self._lora = None  # the LoRA request every request carries, once an adapter was pushed
+        shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
+        self._lora_dir = Path(tempfile.mkdtemp(prefix="rlvr-vllm-lora-", dir=shm)) if lora_rank else None
         self._version = 0
         self._seq = itertools.count()
         self._cv = threading.Condition()  # guards the queues below; only the worker thread calls into vLLM
@@ -168,6 +179,13 @@ class VllmEngine:
         self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int
     ) -> None:
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        if self._lora_dir is not None:
+            items = dict(items)
+            if is_adapter(items):  # the trainer's LoRA adapters: vLLM's LoRA route (rlvr.engine.vllm_lora)
+                folder = write_adapter(self._lora_dir / f"v{version}", items, self.lora_alpha)
+                self._on_worker(lambda: self._load_adapter(version, folder))
+                return
+            items = items.items()
         self._on_worker(lambda: self._reload(version, weights_iterator=self._with_tied_head(items)))
 
     def _with_tied_head(self, items: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
@@ -227,6 +245,8 @@ class VllmEngine:
             self._cv.notify_all()
         self._worker.join()
         self._fail_all(RuntimeError("closed"))  # nothing waits forever on a closed engine
+        if self._lora_dir is not None:
+            shutil.rmtree(self._lora_dir, ignore_errors=True)
 
     # ---- submission (caller threads) ---------------------------------------------------------
     def _submit(self, requests: list[GenerateRequest], done) -> list[_Req]:
@@ -260,6 +280,20 @@ class VllmEngine:
         """The worker's ``reload_weights``, then no KV of the old weights is kept (module docstring)."""
         self.llm.collective_rpc("reload_weights", kwargs=source)
         self.llm.reset_prefix_cache(reset_running_requests=True)
+        self._version = version
+        self.reloads += 1
+
+    def _load_adapter(self, version: int, folder: Path) -> None:
+        """The adapter in ``folder`` replaces the served one in place; every request, those in flight
+        included (their KV is recomputed, as after ``_reload``), samples with it from here on."""
+        from vllm.lora.request import LoRARequest
+
+        self._lora = LoRARequest(LORA_NAME, LORA_ID, str(folder), load_inplace=True)
+        self.llm.add_lora(self._lora)
+        self.llm.reset_prefix_cache(reset_running_requests=True)
+        for old in self._lora_dir.glob("v*"):  # vLLM has read it: shared memory is RAM, keep only the newest
+            if old != folder:
+                shutil.rmtree(old, ignore_errors=True)
         self._version = version
         self.reloads += 1
 
@@ -311,7 +345,7 @@ class VllmEngine:
 
         self._live[row.vid] = row
         self.llm.add_request(row.vid, TokensPrompt(prompt_token_ids=list(row.req.prompt_ids)),
-                             vllm_params(row.req.params))
+                             vllm_params(row.req.params), lora_request=self._lora)
 
     def _apply_aborts(self, before: int, rids: set[str]) -> None:
         if not before and not rids:

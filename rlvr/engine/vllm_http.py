@@ -19,6 +19,11 @@ with the settings this client relies on::
   with ``reset_running_requests`` (no KV of the old weights is reused) and ``/resume``. The servers
   must see this machine's ``/dev/shm``. With ``transfer="nccl"`` (CUDA; ``--vllm-weight-transfer``)
   vLLM's RL weight-transfer routes carry them instead (``rlvr.engine.vllm_nccl``, not yet run on a GPU).
+- LoRA (``lora_rank``): the servers are started with ``--enable-lora --max-lora-rank R`` (``R`` from
+  ``rlvr.engine.vllm_lora.max_lora_rank``) and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``; a push of adapter
+  tensors writes a PEFT folder to the same shared memory and, between ``/pause`` and ``/resume``, loads
+  it with ``/v1/load_lora_adapter`` (``load_inplace``, one fixed name), then resets the prefix cache;
+  from then on every request names that adapter as its model.
 - ``abort``: ``/abort_requests`` with vLLM's id of the request (``cmpl-<rid>-0``), or all.
 - Weight versions: the completions route does not say which step sampled which token, so each
   token carries the version at the request's start; a request that straddled an update says so
@@ -46,6 +51,7 @@ from safetensors.torch import save_file
 from rlvr.engine.balance import Affinity
 from rlvr.engine.base import FINISH_REASONS, GenerateRequest, GenerateResult
 from rlvr.engine.sglang_http import health, parse_addr
+from rlvr.engine.vllm_lora import LORA_NAME, is_adapter, write_adapter
 from rlvr.engine.vllm_nccl import NcclWeightTransfer
 
 log = logging.getLogger(__name__)
@@ -88,7 +94,8 @@ def parse_completion(req: GenerateRequest, body: dict, version: int, version_end
 
 class VllmHttpEngine:
     def __init__(self, addrs: list[str], timeout: float = 600.0, weights_dir: str | None = None,
-                 transfer: str = "reload", transfer_master: str = "127.0.0.1:0"):
+                 transfer: str = "reload", transfer_master: str = "127.0.0.1:0", lora_rank: int = 0,
+                 lora_alpha: float | None = None):
         if not addrs:
             raise ValueError("VllmHttpEngine needs at least one host:port")
         self.urls = [parse_addr(a) for a in addrs]
@@ -102,6 +109,7 @@ class VllmHttpEngine:
         self._abort_epoch = 0  # abort() of everything so far
         self._abort_rids: set[str] = set()
         self.nccl = NcclWeightTransfer(self.urls, transfer_master, timeout=timeout) if transfer == "nccl" else None
+        self.lora_alpha = (lora_alpha or 2 * lora_rank) if lora_rank else None
 
     @property
     def weight_version(self) -> int:
@@ -143,6 +151,9 @@ class VllmHttpEngine:
             return
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in items}
+        if self.lora_alpha is not None and is_adapter(tensors):
+            self._push_adapter(tensors, version)
+            return
         if "model.embed_tokens.weight" in tensors and "lm_head.weight" not in tensors:
             # a tied head: vLLM's CPU backend keeps its own copy (rlvr.engine.vllm_engine); an untied
             # model's trainer always sends its head. safetensors stores no shared tensors: a copy.
@@ -150,15 +161,28 @@ class VllmHttpEngine:
         folder = self.weights_dir / f"v{version}"
         folder.mkdir(parents=True, exist_ok=True)
         save_file(tensors, str(folder / "model.safetensors"))
+        self._apply(folder, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}},
+                    version)
+
+    def _push_adapter(self, tensors: dict[str, torch.Tensor], version: int) -> None:
+        """The adapter into every server in place (module docstring); requests name it from now on."""
+        folder = write_adapter(self.weights_dir / f"v{version}", tensors, self.lora_alpha)
+        self._apply(folder, "/v1/load_lora_adapter", {"lora_name": LORA_NAME, "lora_path": str(folder),
+                                                      "load_inplace": True}, version)
+        self.models = {url: LORA_NAME for url in self.urls}
+
+    def _apply(self, folder: Path, route: str, body: dict, version: int) -> None:
+        """On every server: pause (requests in flight freeze), ``route`` with ``body``, no KV of the
+        old weights kept, resume. Then ``folder`` is the only one kept in shared memory (it is RAM)."""
         for url in self.urls:
             self._post(url, "/pause?mode=keep", {})
             try:
-                self._post(url, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}})
+                self._post(url, route, body)
                 self._post(url, "/reset_prefix_cache?reset_running_requests=true", {})
             finally:
                 self._post(url, "/resume", {})
         self._version = version
-        for old in self.weights_dir.glob("v*"):  # shared memory is RAM: keep only the newest
+        for old in self.weights_dir.glob("v*"):
             if old != folder:
                 shutil.rmtree(old, ignore_errors=True)
 

@@ -27,6 +27,7 @@ from rlvr.rollout.rollout import Rollout
 from rlvr.runtime import plugins
 from rlvr.runtime.roles import RolloutRole, TrainerRole
 from rlvr.runtime.slime_source import slime_data_source
+from rlvr.train import lora
 from rlvr.train.teacher import teacher_of
 from rlvr.train.trainer import Trainer, save_hf
 
@@ -96,6 +97,8 @@ def build_local(cfg: Config) -> Components:
         from rlvr.runtime.colocate import Colocated
 
         trainer = Colocated(trainer, engine, offload_optimizer=cfg.cluster.offload_train)
+    if lora.enabled(cfg.train) and engine_starts_from_checkpoint(cfg):  # the same policy at version 0
+        engine.update_weights(trainer.weights(), version=0)
     rollout = make_rollout(cfg, engine, tokenizer, records)
     return Components(tokenizer, rollout, trainer, read_eval_sets(cfg), close=getattr(engine, "close", lambda: None))
 
@@ -116,12 +119,26 @@ def make_trainer(cfg: Config, parallel=None, device=None) -> Trainer:
 
 
 def lora_engines_merge(cfg: Config) -> bool:
-    """Whether the engines take merged weights rather than LoRA adapters: external servers and
-    local mode's `rlvr serve` processes hold plain models; embedded engines (local or Ray actors)
-    hold the LoRA-wrapped one."""
+    """Whether the engines take merged weights rather than LoRA adapters: SGLang-protocol servers
+    and local mode's `rlvr serve` processes hold plain models; embedded engines (local or Ray actors)
+    hold the LoRA-wrapped one, and vLLM serves the adapter through its LoRA route."""
     e = cfg.engine
-    return not cfg.cluster.ray and bool(e.rollout_external_engine_addrs or e.uses_engine_processes
-                                        or e.rollout_engine == "vllm")
+    return not cfg.cluster.ray and e.rollout_engine != "vllm" and bool(e.rollout_external_engine_addrs
+                                                                      or e.uses_engine_processes)
+
+
+def vllm_lora(cfg: Config) -> dict:
+    """The vLLM engines' LoRA settings: the trainer's adapter rank and alpha, or none."""
+    rank, alpha = lora.rank_and_alpha(cfg.train) if lora.enabled(cfg.train) else (0, None)
+    return {"lora_rank": rank, "lora_alpha": alpha}
+
+
+def engine_starts_from_checkpoint(cfg: Config) -> bool:
+    """Whether the engine loads ``--hf-checkpoint`` itself (vLLM, servers, engine processes) rather
+    than taking the trainer's model: with LoRA its policy then differs from the trainer's at version 0
+    (an ``--lora-adapter-path`` adapter; for vLLM, no adapter loaded yet)."""
+    e = cfg.engine
+    return e.rollout_engine == "vllm" or bool(e.rollout_external_engine_addrs or e.uses_engine_processes)
 
 
 def make_rollout(cfg: Config, engine, tokenizer, records) -> Rollout:
@@ -172,7 +189,8 @@ def build_engine(cfg: Config, model, tokenizer):
 
         transfer = choose_weight_transfer(r.vllm_weight_transfer, torch.cuda.is_available())
         return VllmHttpEngine(r.rollout_external_engine_addrs, timeout=r.rollout_external_engine_timeout,
-                              transfer=transfer, transfer_master=r.vllm_weight_transfer_master)
+                              transfer=transfer, transfer_master=r.vllm_weight_transfer_master,
+                              **vllm_lora(cfg))
     if r.rollout_external_engine_addrs:
         from rlvr.engine.client import HttpEngine
 
@@ -184,7 +202,7 @@ def build_engine(cfg: Config, model, tokenizer):
 
         return VllmEngine(model if isinstance(model, (str, Path)) else cfg.train.hf_checkpoint, seed=cfg.train.seed,
                           max_running_requests=r.rollout_max_running_requests, kv_cache_gb=r.vllm_kv_cache_gb,
-                          device=str(resolve(cfg.cluster.device)))
+                          device=str(resolve(cfg.cluster.device)), **vllm_lora(cfg))
     return embedded_engine(cfg, model, tokenizer)
 
 

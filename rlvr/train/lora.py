@@ -24,6 +24,7 @@ Dropout: the trainer keeps the model in eval mode (p0 is the policy before the u
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -41,6 +42,15 @@ ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 def enabled(train) -> bool:
     """Whether the run trains LoRA adapters (``--lora-rank`` > 0 or ``--lora-adapter-path``)."""
     return bool(train.lora_rank) or train.lora_adapter_path is not None
+
+
+def rank_and_alpha(train) -> tuple[int, float]:
+    """The adapter's rank and alpha (scale = alpha / rank): ``--lora-adapter-path``'s own, else
+    ``--lora-rank`` and ``--lora-alpha`` (default 2 x rank); (0, 0) without LoRA."""
+    if train.lora_adapter_path is not None:
+        saved = json.loads((Path(train.lora_adapter_path) / "adapter_config.json").read_text())
+        return int(saved["r"]), float(saved["lora_alpha"])
+    return train.lora_rank, float(train.lora_alpha or 2 * train.lora_rank)
 
 
 def is_adapter_checkpoint(directory: str | Path) -> bool:

@@ -130,6 +130,24 @@ def enable_recompute(model: torch.nn.Module) -> int:
     return len(layers)
 
 
+COMPILED_PARTS = ("mlp", "input_layernorm", "post_attention_layernorm")  # a decoder layer's element-wise work
+
+
+def compile_layers(model: torch.nn.Module) -> int:
+    """``--compile-layers``: each decoder layer's MLP and norms compiled in place
+    (``Module.compile``, dynamic shapes: packed rows of any length, one compiled graph for every
+    layer); parameter names, checkpoints and weight syncs are unchanged, and the embedded engine
+    sharing the module runs the compiled parts too. The packed attention stays eager. Returns the
+    number of layers."""
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    parts = [getattr(layer, name) for layer in layers for name in COMPILED_PARTS if hasattr(layer, name)]
+    if not parts:
+        raise ValueError(f"{type(model).__name__} has no decoder layer with {COMPILED_PARTS}; drop --compile-layers")
+    for part in parts:
+        part.compile(dynamic=True)
+    return len(layers)
+
+
 @dataclass
 class RolloutTensors:
     """One rollout as the trainer's ``[B, width]`` tensors (B = every sample of the rollout; rows of
@@ -214,6 +232,9 @@ class Trainer:
         self.teacher = teacher  # --use-opd: rlvr.train.teacher.LoadedTeacher or ServedTeacher
         if train.recompute_activations:
             enable_recompute(self.model)
+        if train.compile_layers:
+            log.info("--compile-layers: %s of %d decoder layers compiled (inductor, dynamic shapes)",
+                     "/".join(COMPILED_PARTS), compile_layers(self.model))
         # Policy forwards go through the strategy's module (under --ray: DDP/FSDP2-wrapped, one rank).
         self.dp = parallel or SingleProcess()
         self.policy = self.dp.wrap(self.model)
