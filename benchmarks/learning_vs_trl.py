@@ -21,6 +21,13 @@ resample until every group in the batch has reward variance) has no TRL counterp
 off on the rlvr side too; and rlvr clamps k3 to [-10, 10] (slime's ``low_var_kl``), TRL does not
 (the KL stays far below that here).
 
+Both sides take the training prompts in the file's order (no shuffling: rlvr
+``--no-rollout-shuffle``, TRL ``shuffle_dataset=False``), so a step sees the same prompts on both;
+the seed changes the sampling only. ``--seeds`` runs several seeds and reports each mark's mean and
+spread (min-max) per side, against wall time and against optimizer steps; ``--concurrent`` runs the
+two sides of a seed at the same time (one process each, ``--threads`` each), so a shared machine
+loads both alike.
+
 Each side runs in its own process with the same thread count for ``--budget`` seconds of wall
 time, counted from its first training step (model load and set-up excluded on both sides), and
 keeps the policy after the last step that ended at or before each mark (every ``--mark-every``
@@ -32,6 +39,7 @@ SmolLM2's) scores every kept checkpoint of both sides. It prints a table, writes
     pip install -e ".[bench]"    # TRL, accelerate, datasets: benchmark-only
     python benchmarks/learning_vs_trl.py [--budget 240] [--mark-every 30]
     python benchmarks/learning_vs_trl.py --recipe examples/smollm2/grpo.yaml --budget 300 --mark-every 60 --threads 2
+    python benchmarks/learning_vs_trl.py --seeds 1 2 3 4 5 --concurrent    # five seeds per side
 """
 
 from __future__ import annotations
@@ -88,7 +96,7 @@ class WallMarks:
         self.paused = 0.0
 
     def start(self, model) -> None:
-        self.prev = {"t": 0.0, "cpu": 0.0, "state": self._copy(model)}
+        self.prev = {"t": 0.0, "cpu": 0.0, "step": 0, "state": self._copy(model)}
         self.t0, self.cpu0 = time.perf_counter(), time.process_time()
 
     def after_step(self, model) -> bool:
@@ -97,7 +105,7 @@ class WallMarks:
         t = now - self.t0 - self.paused
         while len(self.kept) < len(self.marks) and t > self.marks[len(self.kept)]:
             self.kept.append({"mark": self.marks[len(self.kept)], **self.prev})
-        self.prev = {"t": t, "cpu": cpu - self.cpu0, "state": self._copy(model)}
+        self.prev = {"t": t, "cpu": cpu - self.cpu0, "step": self.prev["step"] + 1, "state": self._copy(model)}
         self.paused += time.perf_counter() - now
         return len(self.kept) == len(self.marks)
 
@@ -110,7 +118,8 @@ class WallMarks:
             model.load_state_dict(k["state"])
             model.save_pretrained(out / f"mark_{i:02d}")
             tokenizer.save_pretrained(out / f"mark_{i:02d}")
-        rows = [{"mark": k["mark"], "t": k["t"], "cpu": k["cpu"], "dir": f"mark_{i:02d}"} for i, k in enumerate(self.kept)]
+        rows = [{"mark": k["mark"], "t": k["t"], "cpu": k["cpu"], "step": k["step"], "dir": f"mark_{i:02d}"}
+                for i, k in enumerate(self.kept)]
         (out / "marks.json").write_text(json.dumps({"steps": steps, "marks": rows}))
 
 
@@ -133,6 +142,7 @@ def run_rlvr(s: dict, model: Path, data: Path, out: Path, budget: float, every: 
         *(["--use-kl-loss", "--kl-loss-coef", str(s["kl_coef"]), "--kl-loss-type", "low_var_kl"] if s["kl_coef"] else []),
         "--advantage-estimator", "grpo", "--use-dynamic-batch-size", "--max-tokens-per-gpu", "4096",
         "--num-rollout", "1000000", "--seed", str(seed), "--rollout-seed", str(seed), "--output-dir", str(out / "run"),
+        "--no-rollout-shuffle",
         *(["--apply-chat-template"] if s["chat"] else []),
         *(["--recompute-activations"] if s["recompute"] else [])])
     rollout = Step.rollout
@@ -186,7 +196,7 @@ def run_trl(s: dict, model: Path, data: Path, out: Path, budget: float, every: f
         max_grad_norm=s["clip_grad"] or 1e9, beta=s["kl_coef"], epsilon=s["eps"], epsilon_high=s["eps_high"],
         loss_type="grpo", scale_rewards="group", num_iterations=1, gradient_accumulation_steps=1,
         max_steps=1_000_000, logging_steps=50, save_strategy="no", report_to="none", use_cpu=True, bf16=False,
-        seed=seed, dataloader_num_workers=0, gradient_checkpointing=s["recompute"])
+        seed=seed, dataloader_num_workers=0, gradient_checkpointing=s["recompute"], shuffle_dataset=False)
     policy = AutoModelForCausalLM.from_pretrained(model)
     trainer = GRPOTrainer(model=policy, reward_funcs=math_reward, args=args, train_dataset=Dataset.from_list(rows),
                           processing_class=tokenizer, callbacks=[Clock()])
@@ -225,17 +235,33 @@ def plot(curves: dict[str, list[tuple[float, float]]], out: Path, title: str) ->
     return out
 
 
-def run_side(name: str, args, root: Path, env: dict) -> dict:
-    cmd = [sys.executable, __file__, "--side", name, "--recipe", args.recipe, "--model", str(args.model),
-           "--data", str(args.data), "--out", str(root / name), "--budget", str(args.budget),
-           "--mark-every", str(args.mark_every), "--seed", str(args.seed), "--threads", str(args.threads),
-           *(["--recompute-activations"] if args.recompute_activations else [])]
+def side_command(name: str, args, root: Path, seed: int) -> list[str]:
+    return [sys.executable, __file__, "--side", name, "--recipe", args.recipe, "--model", str(args.model),
+            "--data", str(args.data), "--out", str(root / name), "--budget", str(args.budget),
+            "--mark-every", str(args.mark_every), "--seed", str(seed), "--threads", str(args.threads),
+            *(["--recompute-activations"] if args.recompute_activations else [])]
+
+
+def run_sides(args, root: Path, env: dict, seed: int) -> dict:
+    """Both sides of one seed, one after the other or (``--concurrent``) at the same time."""
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode or not (root / name / "marks.json").is_file():
-        sys.exit(f"{name} failed:\n{proc.stderr[-4000:]}")
-    print(f"{name}: trained for the budget in a process of {time.perf_counter() - t0:.0f} s", flush=True)
-    return json.loads((root / name / "marks.json").read_text())
+    names = ("rlvr", "trl")
+    if args.concurrent:
+        procs = {n: subprocess.Popen(side_command(n, args, root, seed), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env=env) for n in names}
+        outcomes = {n: (p, p.communicate()[1]) for n, p in procs.items()}
+    else:
+        outcomes = {}
+        for n in names:
+            p = subprocess.run(side_command(n, args, root, seed), capture_output=True, text=True, env=env)
+            outcomes[n] = (p, p.stderr)
+    sides = {}
+    for n, (p, err) in outcomes.items():
+        if p.returncode or not (root / n / "marks.json").is_file():
+            sys.exit(f"{n} (seed {seed}) failed:\n{err[-4000:]}")
+        sides[n] = json.loads((root / n / "marks.json").read_text())
+    print(f"seed {seed}: both sides trained for the budget in {time.perf_counter() - t0:.0f} s", flush=True)
+    return sides
 
 
 def main() -> None:
@@ -249,11 +275,14 @@ def main() -> None:
     ap.add_argument("--test", default=None, help="held-out prompts (default: the recipe's first eval set)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--seeds", type=int, nargs="+", help="several seeds (instead of --seed): each mark's mean and "
+                    "spread per side")
+    ap.add_argument("--concurrent", action="store_true", help="run a seed's two sides at the same time")
     ap.add_argument("--recompute-activations", action="store_true",
                     help="both sides recompute activations in backward (default: the recipe's choice, on both sides)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--png", default=None, help="the plot (default: docs/learning_vs_trl.png, "
-                    "docs/learning_vs_trl_smollm2.png for the SmolLM2 recipe)")
+                    "docs/learning_vs_trl_smollm2.png for the SmolLM2 recipe; *_seeds.png with --seeds)")
     ap.add_argument("--side", choices=["rlvr", "trl"], help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -265,8 +294,8 @@ def main() -> None:
         prepare(args.recipe)
     s = shared_settings(args.recipe)
     s["recompute"] = s["recompute"] or args.recompute_activations
-    args.png = args.png or str(ROOT / ("docs/learning_vs_trl_smollm2.png" if args.recipe == SMOLLM2_RECIPE
-                                       else "docs/learning_vs_trl.png"))
+    stem = "docs/learning_vs_trl_smollm2" if args.recipe == SMOLLM2_RECIPE else "docs/learning_vs_trl"
+    args.png = args.png or str(ROOT / (stem + ("_seeds.png" if args.seeds else ".png")))
     args.model, args.data, args.test = (Path(getattr(args, k) or s[k]).resolve() for k in ("model", "data", "test"))
     if not (args.model / "config.json").is_file():
         sys.exit(f"--model: {args.model} has no config.json (the SmolLM2 recipe needs `make smollm2` first)")
@@ -276,34 +305,103 @@ def main() -> None:
     root = Path(args.workdir or tempfile.mkdtemp(prefix="rlvr-learning-"))
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    sides = {name: run_side(name, args, root, env) for name in ("rlvr", "trl")}
-    report(args, s, root, sides)
+    start = evaluate(args.model, args.test, args.data, s["max_len"], s["chat"])
+    per_seed = {}
+    for seed in args.seeds or [args.seed]:
+        sides = run_sides(args, root / f"seed{seed}", env, seed)
+        per_seed[seed] = report(args, s, root / f"seed{seed}", sides, start, seed, plot_png=not args.seeds)
+    if args.seeds:
+        report_seeds(args, start, per_seed)
 
 
-def report(args, s: dict, root: Path, sides: dict) -> None:
+def report(args, s: dict, root: Path, sides: dict, start: float, seed: int, plot_png: bool) -> dict:
+    """One seed: every kept policy evaluated; a table, the plot (one seed), one JSON line."""
     max_len, chat = s["max_len"], s["chat"]
-    start = evaluate(args.model, args.test, args.data, max_len, chat)
-    curves = {name: [(0.0, start)] + [(m["t"], evaluate(root / name / m["dir"], args.test, args.data, max_len, chat))
-                                      for m in side["marks"]] for name, side in sides.items()}
-    print(f"\nheld-out accuracy (greedy, {sum(1 for _ in open(args.test))} test problems) at each wall-time mark; "
-          f"start {start:.3f}")
-    print("| mark (s) | rlvr: time of kept policy (s) | rlvr acc | TRL: time of kept policy (s) | TRL acc |")
-    print("| --- | --- | --- | --- | --- |")
+    curves = {name: [{"t": 0.0, "step": 0, "acc": start}] +
+              [{"t": m["t"], "step": m["step"], "acc": evaluate(root / name / m["dir"], args.test, args.data, max_len, chat)}
+               for m in side["marks"]] for name, side in sides.items()}
+    print(f"\nseed {seed}: held-out accuracy (greedy, {sum(1 for _ in open(args.test))} test problems) at each "
+          f"wall-time mark; start {start:.3f}")
+    print("| mark (s) | rlvr: time of kept policy (s) | step | rlvr acc | TRL: time of kept policy (s) | step | TRL acc |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for i, m in enumerate(sides["rlvr"]["marks"]):
         r, t = curves["rlvr"][i + 1], curves["trl"][i + 1]
-        print(f"| {m['mark']:.0f} | {r[0]:.1f} | {r[1]:.3f} | {t[0]:.1f} | {t[1]:.3f} |")
+        print(f"| {m['mark']:.0f} | {r['t']:.1f} | {r['step']} | {r['acc']:.3f} | {t['t']:.1f} | {t['step']} | {t['acc']:.3f} |")
     print(f"steps in the budget: rlvr {sides['rlvr']['steps']}, TRL {sides['trl']['steps']}")
-    rlvr_acc, trl_acc = curves["rlvr"][-1][1], curves["trl"][-1][1]
-    reach = next((t for t, a in curves["rlvr"] if a >= trl_acc), None)
-    png = plot({f"rlvr ({sides['rlvr']['steps']} steps)": curves["rlvr"],
-                f"TRL GRPOTrainer ({sides['trl']['steps']} steps)": curves["trl"]}, Path(args.png),
-               f"GRPO from {args.model.name}, {args.budget:.0f} s per side, {args.threads} thread(s)")
+    rlvr_acc, trl_acc = curves["rlvr"][-1]["acc"], curves["trl"][-1]["acc"]
+    reach = next((p["t"] for p in curves["rlvr"] if p["acc"] >= trl_acc), None)
+    if plot_png:
+        png = plot({f"rlvr ({sides['rlvr']['steps']} steps)": [(p["t"], p["acc"]) for p in curves["rlvr"]],
+                    f"TRL GRPOTrainer ({sides['trl']['steps']} steps)": [(p["t"], p["acc"]) for p in curves["trl"]]},
+                   Path(args.png), f"GRPO from {args.model.name}, {args.budget:.0f} s per side, {args.threads} thread(s)")
+        print(f"plot: {png}")
+    summary = {"bench": "learning_vs_trl", "recipe": args.recipe, "budget_s": args.budget, "start_acc": start,
+               "recompute_activations": s["recompute"], "seed": seed, "concurrent": args.concurrent,
+               "rlvr_acc": rlvr_acc, "trl_acc": trl_acc,
+               "rlvr_time_to_trl_final_s": None if reach is None else round(reach, 1),
+               "rlvr_steps": sides["rlvr"]["steps"], "trl_steps": sides["trl"]["steps"], "curves": curves}
+    print(json.dumps(summary), flush=True)
+    return summary
+
+
+def report_seeds(args, start: float, per_seed: dict[int, dict]) -> None:
+    """Across seeds: each mark's mean and min-max per side, by wall time and by steps; the plot."""
+    import statistics
+
+    marks = [p["t"] for p in next(iter(per_seed.values()))["curves"]["rlvr"]]
+    n_marks = len(marks)
+    table = {}
+    print(f"\n{len(per_seed)} seeds ({', '.join(map(str, per_seed))}): held-out accuracy at each mark, mean [min, max]")
+    print("| mark (s) | rlvr acc | rlvr steps | TRL acc | TRL steps |")
+    print("| --- | --- | --- | --- | --- |")
+    for i in range(n_marks):
+        row = {}
+        for side in ("rlvr", "trl"):
+            accs = [r["curves"][side][i]["acc"] for r in per_seed.values()]
+            steps = [r["curves"][side][i]["step"] for r in per_seed.values()]
+            row[side] = {"mean": statistics.mean(accs), "min": min(accs), "max": max(accs),
+                         "steps_mean": statistics.mean(steps), "steps_min": min(steps), "steps_max": max(steps)}
+        mark = 0 if i == 0 else i * args.mark_every
+        table[mark] = row
+        cell = lambda d: f"{d['mean']:.3f} [{d['min']:.3f}, {d['max']:.3f}]"  # noqa: E731
+        steps = lambda d: f"{d['steps_mean']:.0f} [{d['steps_min']}, {d['steps_max']}]"  # noqa: E731
+        print(f"| {mark:.0f} | {cell(row['rlvr'])} | {steps(row['rlvr'])} | {cell(row['trl'])} | {steps(row['trl'])} |")
+    png = plot_seeds(per_seed, table, Path(args.png), f"GRPO from {args.model.name}, {args.budget:.0f} s per side, "
+                     f"{len(per_seed)} seeds, {args.threads} thread(s) each" + (", sides concurrent" if args.concurrent else ""))
     print(f"plot: {png}")
-    print(json.dumps({"bench": "learning_vs_trl", "recipe": args.recipe, "budget_s": args.budget, "start_acc": start,
-                      "recompute_activations": s["recompute"], "seed": args.seed,
-                      "rlvr_acc": rlvr_acc, "trl_acc": trl_acc,
-                      "rlvr_time_to_trl_final_s": None if reach is None else round(reach, 1),
-                      "rlvr_steps": sides["rlvr"]["steps"], "trl_steps": sides["trl"]["steps"]}))
+    print(json.dumps({"bench": "learning_vs_trl_seeds", "recipe": args.recipe, "budget_s": args.budget,
+                      "seeds": list(per_seed), "start_acc": start, "concurrent": args.concurrent, "marks": table}))
+
+
+def plot_seeds(per_seed: dict[int, dict], table: dict, out: Path, title: str) -> Path:
+    """Accuracy against wall time (mean, min-max band) and against optimizer steps (every seed's marks)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 4.2))
+    FigureCanvasAgg(fig)
+    by_time, by_step = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    for side, label, color in (("rlvr", "rlvr", "C0"), ("trl", "TRL GRPOTrainer", "C1")):
+        marks = sorted(table)
+        by_time.plot(marks, [table[m][side]["mean"] for m in marks], marker="o", color=color, label=f"{label} (mean)")
+        by_time.fill_between(marks, [table[m][side]["min"] for m in marks], [table[m][side]["max"] for m in marks],
+                             color=color, alpha=0.2)
+        for k, run in enumerate(per_seed.values()):
+            pts = run["curves"][side]
+            by_step.plot([p["step"] for p in pts], [p["acc"] for p in pts], marker=".", color=color, alpha=0.6,
+                         label=label if k == 0 else None)
+    by_time.set_xlabel("training wall time (s)")
+    by_step.set_xlabel("optimizer steps")
+    by_step.set_xscale("symlog", linthresh=10)
+    for ax in (by_time, by_step):
+        ax.set_ylabel("held-out accuracy (greedy)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    return out
 
 
 if __name__ == "__main__":
