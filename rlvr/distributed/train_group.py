@@ -46,11 +46,13 @@ def free_port() -> int:
 
 
 class TrainWorker:
-    """One training rank (a Ray actor)."""
+    """One training rank (a Ray actor). It holds the whole ``Config`` until ``setup`` runs the
+    builder (``rlvr.runtime.build.make_trainer``, which hands the trainer its groups) in this
+    process; after that it reads only the cluster group."""
 
     def __init__(self, cfg: Config, rank: int, world_size: int, cwd: str):
         actor_setup(cwd)
-        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.cfg, self.cluster, self.rank, self.world_size = cfg, cfg.cluster, rank, world_size
         self.trainer = None
         from rlvr.core.device import for_actor
 
@@ -83,7 +85,7 @@ class TrainWorker:
         return placement_info(self.device) | {"backend": process_group_backend(self.device)}
 
     def train(self, rollout_id: int, samples: list[Sample]) -> tuple[dict, list, int]:
-        if self.cfg.cluster.offload_train:  # back from the host for the step
+        if self.cluster.offload_train:  # back from the host for the step
             move_optimizer_state(self.trainer.optimizer, self.device)
         metrics = self.trainer.train(rollout_id, samples)
         return metrics, list(self.trainer.guard.streak), self.trainer.step
@@ -105,15 +107,15 @@ class TrainWorker:
         weights = self.trainer.weights()
         if self.rank != 0:
             return None
-        self.broadcast.send(weights, self.specs, self.cfg.cluster.update_weight_buffer_size)
+        self.broadcast.send(weights, self.specs, self.cluster.update_weight_buffer_size)
         return checksum(weights) if with_checksum else None
 
     def weights(self, with_checksum: bool) -> tuple[dict | None, str | None]:
         """Rank 0: the whole policy (and its checksum); other ranks take part in FSDP2's gather."""
         weights = self.trainer.weights()
-        if self.cfg.cluster.colocate:  # the engines are about to wake in this memory
+        if self.cluster.colocate:  # the engines are about to wake in this memory
             self.trainer.model.zero_grad(set_to_none=True)
-            if self.cfg.cluster.offload_train:
+            if self.cluster.offload_train:
                 move_optimizer_state(self.trainer.optimizer, "cpu")
         if self.rank != 0:
             return None, None
@@ -136,10 +138,12 @@ class TrainWorker:
 
 
 class RayTrainer:
-    """The loop's trainer in Ray mode: the same methods, fanned out to the ranks."""
+    """The loop's trainer in Ray mode: the same methods, fanned out to the ranks. It hands the
+    whole ``Config`` to the ``TrainWorker`` actors it starts (each builds its trainer) and keeps
+    the cluster group and the checkpoint path (``save_hf``'s model)."""
 
     def __init__(self, cfg: Config, pg, p: Plan, cwd: str):
-        self.cfg = cfg
+        self.cluster, self.hf_checkpoint = cfg.cluster, cfg.train.hf_checkpoint
         world = cfg.cluster.train_world_size
         cls = ray.remote(TrainWorker)
         self.workers = [cls.options(**in_bundle(pg, p.train_bundles[r], p.train_share, p.train_gpus(r)))
@@ -163,8 +167,8 @@ class RayTrainer:
         calls ride along so that a failure among them surfaces too. ``--weight-sync broadcast``:
         rank 0 starts streaming them to the engines (``RayRollout.update_weights`` has them
         receive); the ref holds no weights, only rank 0's checksum."""
-        check = self.cfg.cluster.check_weight_update_equal
-        if self.cfg.cluster.weight_sync == "broadcast":
+        check = self.cluster.check_weight_update_equal
+        if self.cluster.weight_sync == "broadcast":
             calls = [w.send_weights.remote(check) for w in self.workers]
             return WeightsRef(None, calls[0], others=calls[1:], broadcast=True)
         calls = [w.weights.options(num_returns=2).remote(check) for w in self.workers]
@@ -201,7 +205,7 @@ class RayTrainer:
 
         ref = self.weights()
         weights = from_store(get_all([ref.weights, *ref.others])[0])
-        model = AutoModelForCausalLM.from_pretrained(self.cfg.train.hf_checkpoint, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(self.hf_checkpoint, dtype=torch.float32)
         model.load_state_dict(weights, strict=False)  # tied aliases (lm_head = embeddings) follow
         return save_hf(model, tokenizer, directory)
 
