@@ -7,9 +7,12 @@ of it (cheap; group statistics need whole groups) and trains on its share, split
 with ``--balance-data`` (``rlvr/train/parallel.py``). The result equals the single-process
 trainer's on the same global batch (tests/test_ray.py).
 
-``RayTrainer`` is what the loop holds in Ray mode: the methods the loop calls on a ``Trainer``
-(``train``, ``weights``, ``step``, ``guard``, ``save``, ``load``, ``model``), each fanned out to
-every rank and gathered with ``get_all`` (first failure raised at once).
+``RayTrainer`` is what the loop holds in Ray mode: ``rlvr.runtime.roles.TrainerRole`` (``train``,
+``weights``, ``step``, ``save``, ``load``, ``save_hf``, ``check_bad_steps``), each fanned out to
+every rank and gathered with ``get_all`` (first failure raised at once). The bad-step guard lives in
+each rank's ``Trainer``; rank 0's ``train`` and ``load`` return its streak as plain data with their
+results, and ``check_bad_steps`` decides on it with the guard's own function
+(``rlvr.train.guard.stop_if_exhausted``).
 
 Colocated (``--colocate``): after handing its weights over, each rank frees its gradients (the
 memory the engines then use) and, with ``--offload-train``, moves AdamW's state to host memory
@@ -33,7 +36,7 @@ from rlvr.config import Config
 from rlvr.distributed.failures import get_all
 from rlvr.distributed.placement import Plan, actor_setup, in_bundle, placement_info
 from rlvr.distributed.weight_sync import WeightsRef, checksum, from_store, to_store
-from rlvr.train.guard import BadStepGuard
+from rlvr.train.guard import stop_if_exhausted
 from rlvr.core.types import Sample
 
 PROCESS_GROUP_TIMEOUT = timedelta(minutes=10)  # a rank stuck longer than this in a collective fails
@@ -85,6 +88,7 @@ class TrainWorker:
         return placement_info(self.device) | {"backend": process_group_backend(self.device)}
 
     def train(self, rollout_id: int, samples: list[Sample]) -> tuple[dict, list, int]:
+        """Metrics, the guard's streak of skipped steps (plain tuples) and the step count."""
         if self.cluster.offload_train:  # back from the host for the step
             move_optimizer_state(self.trainer.optimizer, self.device)
         metrics = self.trainer.train(rollout_id, samples)
@@ -133,6 +137,7 @@ class TrainWorker:
         self.trainer.save(directory, extra=extra)
 
     def load(self, directory: str) -> tuple[dict, int, list]:
+        """The checkpoint's ``extra``, the step count and the guard's restored streak."""
         extra = self.trainer.load(directory)
         return extra, self.trainer.step, list(self.trainer.guard.streak)
 
@@ -149,7 +154,8 @@ class RayTrainer:
         self.workers = [cls.options(**in_bundle(pg, p.train_bundles[r], p.train_share, p.train_gpus(r)))
                         .remote(cfg, r, world, cwd) for r in range(world)]
         self.step = 0
-        self.guard = BadStepGuard(cfg.train.max_consecutive_skipped_steps)
+        self.max_skipped = cfg.train.max_consecutive_skipped_steps
+        self.skipped: list[tuple[int, int, str]] = []  # rank 0's guard streak, as its last train/load returned it
 
     def setup(self) -> None:
         """Form the process group and load the model on every rank (waits for the actors)."""
@@ -158,8 +164,7 @@ class RayTrainer:
 
     def train(self, rollout_id: int, samples: list[Sample]) -> dict[str, float]:
         ref = ray.put(samples)  # one copy in the object store, read by every rank
-        metrics, streak, self.step = get_all([w.train.remote(rollout_id, ref) for w in self.workers])[0]
-        self.guard.streak[:] = [tuple(s) for s in streak]
+        metrics, self.skipped, self.step = get_all([w.train.remote(rollout_id, ref) for w in self.workers])[0]
         return metrics
 
     def weights(self) -> WeightsRef:
@@ -192,8 +197,7 @@ class RayTrainer:
         return Path(directory)
 
     def load(self, directory: str | Path) -> dict:
-        extra, self.step, streak = get_all([w.load.remote(str(directory)) for w in self.workers])[0]
-        self.guard.streak[:] = [tuple(s) for s in streak]
+        extra, self.step, self.skipped = get_all([w.load.remote(str(directory)) for w in self.workers])[0]
         return extra
 
     def save_hf(self, tokenizer, directory: str | Path) -> Path:
@@ -210,8 +214,8 @@ class RayTrainer:
         return save_hf(model, tokenizer, directory)
 
     def check_bad_steps(self, skipped_path) -> None:
-        """The ranks' guard, as rank 0 reported its streak with the last step (``TrainerRole``)."""
-        self.guard.raise_if_exhausted(skipped_path)
+        """Stop on the streak rank 0 returned with the last ``train`` or ``load`` (``TrainerRole``)."""
+        stop_if_exhausted(self.skipped, self.max_skipped, skipped_path)
 
     def close(self) -> None:
         for w in self.workers:
