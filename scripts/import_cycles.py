@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent / "rlvr"
 # top to bottom; packages in one row are peers (they may import each other, without a cycle)
 LAYERS: list[list[str]] = [
     ["rlvr.entrypoints", "rlvr.__main__", "rlvr.train.__main__", "rlvr.export_hf", "rlvr.api"],  # the commands (rlvr, and
-    # seed 003's python -m rlvr.train / rlvr.export_hf) and their sub-commands
+    # the slime-style python -m rlvr.train / rlvr.export_hf) and their sub-commands
     ["rlvr.runtime", "rlvr.distributed"],  # the driver, builders, batch sources; the same on Ray
     ["rlvr.rollout"],  # prompt groups -> samples: engines, agents, rewards, filters
     ["rlvr.agents", "rlvr.train"],  # multi-turn generation; the trainer
@@ -47,7 +47,7 @@ UNLAYERED = {"rlvr"}  # the package itself: a docstring and __version__
 
 ADAPTER = "rlvr.compat"
 ADAPTER_USERS = ("rlvr.compat", "rlvr.config", "rlvr.runtime", "rlvr.entrypoints", "rlvr.train.__main__",
-                 "rlvr.export_hf")  # the last two: seed 003's commands, entry points kept at their slime paths
+                 "rlvr.export_hf")  # the last two: slime-style commands, entry points kept at their slime paths
 WHOLE_CONFIG = ("rlvr.config", "rlvr.config.root")  # where ``Config`` is imported from
 WHOLE_CONFIG_USERS = ("rlvr.config", "rlvr.runtime", "rlvr.distributed", "rlvr.entrypoints", "rlvr.compat",
                       "rlvr.api", "rlvr.train.__main__", "rlvr.export_hf")
