@@ -7,7 +7,10 @@ about the edges ride along:
 * components complete when built: no module assigns to an attribute of another package's
   component (``rollout.agent = ...`` outside ``rlvr.rollout``); ``COMPONENTS`` names the
   variables and attributes that hold one (``rollout``, ``trainer``, ...), whatever the chain
-  before them (``c.trainer.guard.streak = ...``).
+  before them (``c.trainer.guard.streak = ...``);
+* each component gets its own config group: only the modules in ``WHOLE_CONFIG_USERS`` (the
+  config itself, the builders and the Ray start-up, the entry points, the adapters) import the
+  whole ``Config`` class at run time; a component imports its group (``AgentConfig``, ...).
 
 ``LAYERS`` lists the packages from the top (what a user runs) to the bottom (types and errors).
 A module may import any module of its own layer or of a lower one; an import of a higher layer
@@ -29,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent / "rlvr"
 # top to bottom; packages in one row are peers (they may import each other, without a cycle)
 LAYERS: list[list[str]] = [
     ["rlvr.entrypoints", "rlvr.__main__", "rlvr.train.__main__", "rlvr.export_hf", "rlvr.api"],  # the commands (rlvr, and
-    # seed 003's python -m rlvr.train / rlvr.export_hf) and their sub-commands
+    # the slime-style python -m rlvr.train / rlvr.export_hf) and their sub-commands
     ["rlvr.runtime", "rlvr.distributed"],  # the driver, builders, batch sources; the same on Ray
     ["rlvr.rollout"],  # prompt groups -> samples: engines, agents, rewards, filters
     ["rlvr.agents", "rlvr.train"],  # multi-turn generation; the trainer
@@ -44,7 +47,10 @@ UNLAYERED = {"rlvr"}  # the package itself: a docstring and __version__
 
 ADAPTER = "rlvr.compat"
 ADAPTER_USERS = ("rlvr.compat", "rlvr.config", "rlvr.runtime", "rlvr.entrypoints", "rlvr.train.__main__",
-                 "rlvr.export_hf")  # the last two: seed 003's commands, entry points kept at their slime paths
+                 "rlvr.export_hf")  # the last two: slime-style commands, entry points kept at their slime paths
+WHOLE_CONFIG = ("rlvr.config", "rlvr.config.root")  # where ``Config`` is imported from
+WHOLE_CONFIG_USERS = ("rlvr.config", "rlvr.runtime", "rlvr.distributed", "rlvr.entrypoints", "rlvr.compat",
+                      "rlvr.api", "rlvr.train.__main__", "rlvr.export_hf")
 # a name that holds a component -> the package that owns the component's attributes
 COMPONENTS = {"rollout": "rlvr.rollout", "trainer": "rlvr.train", "agent": "rlvr.agents", "engine": "rlvr.engine",
               "grader": "rlvr.rewards", "data_source": "rlvr.data", "guard": "rlvr.train"}
@@ -187,9 +193,20 @@ def foreign_assignments(path: Path, me: str) -> list[str]:
     return out
 
 
+def whole_config_imports(path: Path) -> list[int]:
+    """Lines of one file that import the whole ``Config`` class at run time (``TYPE_CHECKING``
+    imports aside)."""
+    tree = ast.parse(path.read_text())
+    skip = _type_checking_lines(tree)
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module in WHOLE_CONFIG and node.lineno not in skip
+            and any(a.name == "Config" for a in node.names)]
+
+
 def edge_violations(root: Path = ROOT) -> list[str]:
-    """Imports of ``rlvr.compat`` outside ``ADAPTER_USERS`` and assignments to another package's
-    component, as printable lines with file:line."""
+    """Imports of ``rlvr.compat`` outside ``ADAPTER_USERS``, of the whole ``Config`` outside
+    ``WHOLE_CONFIG_USERS`` and assignments to another package's component, as printable lines
+    with file:line."""
     paths = {module_name(p, root): p for p in sorted(root.rglob("*.py"))}
     out = []
     for m, p in paths.items():
@@ -197,6 +214,9 @@ def edge_violations(root: Path = ROOT) -> list[str]:
         if not any(_inside(m, u) for u in ADAPTER_USERS):
             out += [f"{where}:{line}: {m} imports {other}: only {', '.join(ADAPTER_USERS[1:4])} adapt other systems"
                     for other, line in imports_of(p, set(paths), root).items() if _inside(other, ADAPTER)]
+        if not any(_inside(m, u) for u in WHOLE_CONFIG_USERS):
+            out += [f"{where}:{line}: {m} imports the whole Config: take the config group(s) it reads, "
+                    "which the builders (rlvr.runtime.build) pass" for line in whole_config_imports(p)]
         out += [f"{where}:{finding}: set it through the constructor" for finding in foreign_assignments(p, m)]
     return out
 
@@ -207,7 +227,7 @@ def main(argv: list[str]) -> int:
     for line in upward + cycles + edges:
         print(line)
     print(f"{n} modules; {len(cycles)} import cycle(s); {len(upward)} upward import(s); "
-          f"{len(edges)} compat import(s) or foreign assignment(s)")
+          f"{len(edges)} compat import(s), whole-Config import(s) or foreign assignment(s)")
     return 1 if upward or cycles or edges else 0
 
 

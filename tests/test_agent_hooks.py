@@ -106,8 +106,7 @@ def _rollout(tiny_qwen2, fn: str, template: bool = True, **agent_kw):
 
     rollout, engine, tok = agent_rollout(tiny_qwen2, ["408"], tools=None, custom_generate_function_path=f"user_hooks:{fn}",
                                   **agent_kw)
-    rollout.agent.cfg.data.apply_chat_template = template
-    if not template:
+    if not template:  # prompts rendered as a run with the template renders them; no ChatTurns for the hook
         rollout.agent.turns = None
     return rollout, engine, tok
 

@@ -257,9 +257,10 @@ def _driver(spec: dict) -> None:
         Path(d, "cgroup.procs").write_text(str(os.getpid()))
     sys.path.insert(0, spec["root"])
     from rlvr.config.reward import RewardConfig
+    from rlvr.sandbox.runner import SandboxLimits
 
     rollout, _, _ = agent_rollout(spec["ckpt"], spec["script"], tools="tests.test_agent_tools:SANDBOXED")
-    rollout.agent.tools["python"].configure(type("C", (), {"reward": RewardConfig(**spec["limits"])})())
+    rollout.agent.tools["python"].configure(SandboxLimits.from_reward_config(RewardConfig(**spec["limits"])))
     group = rollout.next_groups(1)[0][:1]
     t = time.monotonic()
     asyncio.run(rollout.agent.generate_group(rollout, group, rollout.sampling_params()))

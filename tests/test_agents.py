@@ -173,8 +173,7 @@ def test_abort_in_the_middle_of_a_multi_turn_sample_regenerates_it(tiny_qwen2):
     """An abort during turn 2 (the rollout's end, or a weight push under --async): the sample
     comes back ABORTED (not graded, never trained), and the next run of its group (the partial
     rollout buffer, the async retry queue) regenerates it from the prompt with an intact mask."""
-    from rlvr.agents.hooks import Agent
-    from rlvr.runtime.build import load_tokenizer
+    from rlvr.runtime.build import load_tokenizer, make_agent
     from rlvr.config import Config, RolloutConfig
     from rlvr.data.dataset import DataSource, PromptRecord
     from rlvr.engine.embedded import EmbeddedEngine
@@ -191,7 +190,7 @@ def test_abort_in_the_middle_of_a_multi_turn_sample_regenerates_it(tiny_qwen2):
                                 partial_rollout=True)
     records = [PromptRecord(prompt="4+4=", label="8", metadata={}, index=0)]
     rollout = Rollout(cfg.rollout, engine, tok, DataSource(records, shuffle=False), Grader(RewardConfig()),
-                      apply_chat_template=True, agent=Agent(cfg, engine, tok))
+                      apply_chat_template=True, agent=make_agent(cfg, engine, tok))
     group = rollout.next_groups(1)[0]
     params = rollout.sampling_params()
 

@@ -97,8 +97,7 @@ def test_streaming_is_token_by_token_and_recorded_exactly(tiny_qwen2):
     the engine is still decoding (its step counter moves between chunks), and the recorded tokens
     equal a non-streamed call's (greedy)."""
     from rlvr.agents.session import EngineHandle
-    from rlvr.agents.hooks import Agent
-    from rlvr.runtime.build import load_tokenizer
+    from rlvr.runtime.build import load_tokenizer, make_agent
     from rlvr.config import Config
     from rlvr.engine.embedded import EmbeddedEngine
 
@@ -106,7 +105,7 @@ def test_streaming_is_token_by_token_and_recorded_exactly(tiny_qwen2):
     engine = EmbeddedEngine(str(tiny_qwen2), pad_token_id=tok.pad_token_id, tokenizer=tok)
     cfg = Config()
     cfg.data.apply_chat_template = True
-    agent = Agent(cfg, engine, tok)
+    agent = make_agent(cfg, engine, tok)
     messages = [{"role": "user", "content": "What is 2*3?"}, {"role": "assistant", "content": "",
                 "tool_calls": [{"id": "c1", "type": "function",
                                 "function": {"name": "multiply", "arguments": '{"a": 2, "b": 3}'}}]},

@@ -28,7 +28,7 @@ for argv in [[c, "--help"] for c in COMMANDS if c != "agents"] + [["agents", "ch
         except SystemExit:
             pass
     out[" ".join(argv)] = len(buf.getvalue())
-for module in ("rlvr.train", "rlvr.export_hf"):  # seed 003's commands
+for module in ("rlvr.train", "rlvr.export_hf"):  # the slime-style commands
     sys.argv = [module, "--help"]
     with contextlib.redirect_stdout(io.StringIO()):
         try:

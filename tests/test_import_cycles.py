@@ -80,3 +80,18 @@ def test_the_check_finds_a_compat_import_outside_the_edge_and_a_foreign_assignme
     assert found[0].startswith("rlvr/rollout/rollout.py:2: rlvr.rollout.rollout imports rlvr.compat.slime")
     assert found[1] == ("rlvr/runtime/build.py:5: c.rollout.agent (a component of rlvr.rollout): "
                         "set it through the constructor")
+
+
+def test_the_check_finds_the_whole_config_imported_by_a_component(tmp_path):
+    """A component below the builders importing the whole ``Config`` (at run time) is reported with
+    file:line; its own group, a ``TYPE_CHECKING`` import and the builders' imports are not."""
+    pkg = _plant(tmp_path, {"config/__init__.py": "class Config:\n    pass\n\n\nclass AgentConfig:\n    pass\n",
+                            "agents/hooks.py": "from rlvr.config import AgentConfig\n\n\n"
+                                               "def f():\n    from rlvr.config import Config\n",
+                            "observe/files.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                                "    from rlvr.config.root import Config\n",
+                            "runtime/build.py": "from rlvr.config import Config\n",
+                            "distributed/actors.py": "from rlvr.config import Config\n"})
+    found = import_cycles.edge_violations(pkg)
+    assert found == ["rlvr/agents/hooks.py:5: rlvr.agents.hooks imports the whole Config: take the config "
+                     "group(s) it reads, which the builders (rlvr.runtime.build) pass"], found

@@ -10,6 +10,7 @@ import random
 import signal
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -186,7 +187,7 @@ def test_a_monitor_that_raises_still_restarts_a_killed_engine(ray_cluster, tiny_
 
     from ray.util.placement_group import remove_placement_group
 
-    from rlvr.distributed.engines import TolerantEngineGroup
+    from rlvr.distributed.engines import TolerantEngineGroup, make_engine_actor
     from rlvr.distributed.placement import placement_group, plan
     from rlvr.core.testing import RAISE_AT_ENV
 
@@ -198,7 +199,7 @@ def test_a_monitor_that_raises_still_restarts_a_killed_engine(ray_cluster, tiny_
     group = None
     try:
         with caplog.at_level(logging.ERROR, logger="rlvr.engine.supervisor"):
-            group = TolerantEngineGroup(cfg, pg, p, os.getcwd(), 1)
+            group = TolerantEngineGroup(partial(make_engine_actor, cfg, pg, p, os.getcwd()), cfg.engine, 1)
             check_monitor_survives_a_kill(group.supervisor, caplog)
     finally:
         if group is not None:

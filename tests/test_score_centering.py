@@ -32,7 +32,7 @@ def _sc_grad(p, q, head, sampled, advantage, cfg):
 
 
 def test_seed_example_full_support_centres_the_score():
-    # Seed 002: p = (0.6, 0.4), q = (0.5, 0.5), s_a = e_a - p; the uncentred mean is q - p = (-0.1, 0.1).
+    # By hand: p = (0.6, 0.4), q = (0.5, 0.5), s_a = e_a - p; the uncentred mean is q - p = (-0.1, 0.1).
     # -grad = A (s_a - (q - p)) = A (e_a - q): for a = 0, A = 1 that is (0.5, -0.5); plain REINFORCE
     # would give e_0 - p = (0.4, -0.4).
     cfg = AlgoConfig(use_score_centering=True).validate()

@@ -20,7 +20,7 @@ PLACEMENT = {"actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus_per
 
 
 def full_script(ckpt: Path, train: Path, test: Path, out: Path) -> list[tuple[str, ...]]:
-    """Seed 000's appendix-A script, flag by flag, with its paths pointed at local files. MODEL_ARGS
+    """A slime GRPO launch script (Megatron, SGLang and RL flags), flag by flag, with its paths pointed at local files. MODEL_ARGS
     (``source scripts/models/qwen3-8B.sh``) are written for the tiny checkpoint, as a user would."""
     cfg = json.loads((ckpt / "config.json").read_text())
     bt_size, n = 4, 2

@@ -107,6 +107,24 @@ def test_slime_reward_gets_the_config_by_slime_names():
     assert asyncio.run(reward(Sample("p", [1, 2], response_ids=[3]))) == 8.0
 
 
+def test_the_hooks_args_answer_by_group_and_by_flat_name_but_the_config_only_by_group():
+    """The multi-turn hooks get ``args`` built at the edge (``rlvr.runtime.plugins.slime_args``):
+    the config's groups and slime's flat names; the ``Config`` itself has no flat names."""
+    from rlvr.config import Config
+    from rlvr.runtime.plugins import slime_args
+
+    cfg = Config()
+    cfg.rollout.rollout_batch_size, cfg.rollout.n_samples_per_prompt, cfg.algo.disable_rewards_normalization = 3, 4, True
+    args = slime_args(cfg)
+    assert args.rollout is cfg.rollout and args.agent is cfg.agent
+    assert (args.rollout_batch_size, args.n_samples_per_prompt, args.rewards_normalization) == (3, 4, False)
+    assert cfg.train.global_batch_size is None and args.global_batch_size == 12  # the run's, as slime's args
+    with pytest.raises(AttributeError, match="read-only"):
+        args.rollout_batch_size = 1
+    with pytest.raises(AttributeError):
+        cfg.n_samples_per_prompt  # noqa: B018
+
+
 def test_slime_tis_function_sees_flat_tensors_and_weights_the_loss(tmp_path, monkeypatch):
     (tmp_path / "slime_tis_mod.py").write_text(textwrap.dedent('''
         def clamp_tis(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks, total_lengths, response_lengths):

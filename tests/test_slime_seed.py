@@ -1,4 +1,4 @@
-"""Seed 003's YAML file and launch commands: the mapping onto rlvr's fields, field by
+"""The nested YAML config for slime and its launch commands: the mapping onto rlvr's fields, field by
 field; the refusals and warnings, one line each; and the example file trained for 2 rollouts,
 resumed with --resume_from and exported, through the real commands."""
 
@@ -22,7 +22,7 @@ from rlvr.runtime.configure import make_parser, merged_values
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "slime_seed" / "grpo_math_7b.yaml"
-# The four parallel sizes the seed's file has and the example sets to 1.
+# The four parallel sizes the original file has and the example sets to 1.
 SEED_PARALLEL = {"rollout": {"gpu_per_engine": 2}, "distributed": {"training_nodes": 4, "tp_size": 4, "pp_size": 2}}
 
 
@@ -31,7 +31,7 @@ def example() -> dict:
 
 
 def verbatim() -> dict:
-    """The seed's file as printed (the example with its four parallel sizes put back)."""
+    """The original file (the example with its four parallel sizes put back)."""
     raw = example()
     for group, values in SEED_PARALLEL.items():
         raw[group].update(values)
@@ -143,7 +143,7 @@ def test_a_flat_rlvr_file_is_not_read_as_the_seed_schema():
 
 def test_docs_map_every_seed_field():
     doc = (ROOT / "docs" / "slime_flags.md").read_text()
-    section = doc[doc.index("## Seed 003's YAML file and commands"):]
+    section = doc[doc.index("## The nested YAML file and its commands"):]
     for key in seed_config.documented_keys():
         assert f"`{key}`" in section, key
     for flag in ("--experiment_name", "--output_dir", "--resume_from", "--megatron_ckpt"):
@@ -166,7 +166,7 @@ def test_load_names_a_checkpoint_padded_or_as_the_seed_writes_it(tmp_path):
     assert find_checkpoint(tmp_path) is None  # a --save directory with no pointer yet: start fresh
 
 
-# ---- the example end to end, through the seed's commands ----------------------------------------
+# ---- the example end to end, through its commands ------------------------------------------------
 def command(module: str, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=env,

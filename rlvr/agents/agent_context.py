@@ -22,12 +22,17 @@ from rlvr.engine.base import SamplingParams
 class AgentContext:
     """What a generate / rollout function may use (``rlvr.agents.context()``)."""
 
-    cfg: Any  # the whole Config (slime's ``args``)
+    args: Any  # what the hook got as ``args``: the config by group and by slime's flat names
     engine: EngineHandle | None  # this sample's session (None inside a rollout function: make one with new_handle)
     tokenizer: Any
     chat_turns: Any  # ChatTurns with --apply-chat-template (or --tools / --environment-path), else None
     rollout: Any  # the Rollout: grader, new_group / next_groups, sampling_params()
     agent: Any = None  # the Agent
+
+    @property
+    def cfg(self):
+        """The same view as ``args`` (the name this field had)."""
+        return self.args
 
     @property
     def turns(self):

@@ -26,17 +26,19 @@ class Environment(Protocol):
     def step(self, response: str) -> tuple[str | list[dict], float, bool]: ...
 
 
-async def generate_with_environment(cfg, sample: Sample, sampling_params: dict) -> Sample:
+async def generate_with_environment(args, sample: Sample, sampling_params: dict) -> Sample:
+    """``--environment-path``'s loop (module docstring); its settings are the agent's group, ``args`` is unused."""
     from rlvr.agents.agent_context import call_maybe_async, context
     from rlvr.core.registry import load_function
 
     ctx = context()
-    env = load_function(cfg.agent.environment_path, "--environment-path")()
+    a = ctx.agent.config
+    env = load_function(a.environment_path, "--environment-path")()
     messages = await call_maybe_async(env.reset, sample)
     if messages is not None:
         sample.prompt, sample.prompt_ids = ctx.turns.prompt_ids(messages)
     budget, rewards, status = sampling_params["max_new_tokens"], [], Status.COMPLETED
-    for turn in range(cfg.agent.turns_limit):
+    for turn in range(a.turns_limit):
         left = budget - sample.response_length
         if left <= 0:
             status = Status.TRUNCATED
@@ -52,7 +54,7 @@ async def generate_with_environment(cfg, sample: Sample, sampling_params: dict) 
         rewards.append(float(reward))
         if done:
             break
-        if turn == cfg.agent.turns_limit - 1:
+        if turn == a.turns_limit - 1:
             status = Status.TRUNCATED
             break
         msgs = [{"role": "user", "content": obs}] if isinstance(obs, str) else list(obs)

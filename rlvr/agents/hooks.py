@@ -1,8 +1,8 @@
-"""slime's two customisation hooks, with slime's shapes (seed 003's architecture).
+"""slime's two customisation hooks, with slime's shapes.
 
 ``--custom-generate-function-path module:fn`` replaces the engine call of *one sample*::
 
-    async def generate(cfg, sample, sampling_params) -> Sample      # (slime: args, sample, sampling_params)
+    async def generate(args, sample, sampling_params) -> Sample      # slime's signature
         ctx = rlvr.agents.context()     # ctx.engine: EngineHandle (this sample's session), ctx.tokenizer, ctx.turns
         ...
 
@@ -14,7 +14,7 @@ response (all turns: ``--rollout-max-response-len``).
 
 ``--rollout-function-path module:fn`` replaces the whole rollout::
 
-    def generate_rollout(cfg, rollout_id, data_source, evaluation=False)
+    def generate_rollout(args, rollout_id, data_source, evaluation=False)
         -> list[list[Sample]] | (list[list[Sample]], metrics dict)
 
 (async allowed). In training it returns ``--rollout-batch-size`` groups of
@@ -23,6 +23,12 @@ response (all turns: ``--rollout-max-response-len``).
 flat list). Samples left ungraded are graded with the configured reward. Under ``--async`` a
 thread calls it for the next rollouts ahead, within ``--max-staleness``
 (``rlvr.rollout.producer.RolloutFunctionProducer``); under ``--ray`` it runs on the rollout manager.
+
+``args`` is what the builder hands the agent (``rlvr.runtime.plugins.slime_args``: the run's config
+by group, ``args.rollout.rollout_batch_size``, and by slime's flat names,
+``args.n_samples_per_prompt``); the agent passes it on and reads nothing from it. What the agent
+itself reads comes through its constructor: the agent group and the few values of other groups
+it needs.
 
 Abort and partial rollout: a multi-turn sample that comes back ``ABORTED`` (the rollout stopped
 its groups, or a weight push under ``--async``) is **regenerated from its prompt** the next
@@ -46,6 +52,7 @@ from typing import Callable
 from rlvr.agents.agent_context import _CONTEXT, AgentContext, call_maybe_async, sampling_dict
 from rlvr.agents.contract import FailureLog, check_failure_limit, check_signature, checked_sample, hook_name, reset
 from rlvr.agents.session import EngineHandle
+from rlvr.config.agent import AgentConfig
 from rlvr.engine.base import SamplingParams
 from rlvr.core.errors import ConfigError
 from rlvr.engine.sampling import request_seed
@@ -63,21 +70,31 @@ class Agent:
     """The hooks of one rollout: which function generates a sample, or the whole rollout.
 
     Complete when built: ``tools`` are the loaded ``--tools`` (the builder loads them once, and
-    renders the prompts with their schemas: ``rlvr.runtime.build.make_rollout``; default: loaded
+    renders the prompts with their schemas: ``rlvr.runtime.build.make_agent``; default: loaded
     here from the flag). The rollout that calls the agent passes itself with each call (what
-    ``context().rollout`` is), so neither holds the other."""
+    ``context().rollout`` is), so neither holds the other.
 
-    def __init__(self, cfg, engine, tokenizer, tools: dict[str, Callable] | None = None):
-        a = cfg.agent
-        self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
+    ``config`` is the agent group; ``args`` what the user's functions get first (passed on, never
+    read here); ``chat_template`` the chat template's options with ``--apply-chat-template``
+    (``{}``: none) and None without it; ``max_response_len`` the OpenAI proxy's budget per sample
+    (``--rollout-max-response-len``); ``failure_value`` the reward of a sample whose hook failed
+    (``--reward-failure-value``); ``sandbox_limits`` the python tool's limits (the ``code``
+    reward's ``--code-*``; None: its defaults)."""
+
+    def __init__(self, config: AgentConfig, engine, tokenizer, args=None, *, tools: dict[str, Callable] | None = None,
+                 eval_function_path: str | None = None, chat_template: dict | None = None,
+                 max_response_len: int, failure_value: float = 0.0, sandbox_limits=None):
+        a = config
+        self.config, self.args, self.engine, self.tokenizer = config, args, engine, tokenizer
+        self.chat_template, self.max_response_len = chat_template, max_response_len
         self.generate_fn: Callable | None = None
         self.rollout_fn = _hook(a.rollout_function_path, "--rollout-function-path")
         # slime's --eval-function-path: the rollout function of evaluation only (default the one above)
-        self.eval_fn = _hook(cfg.eval.eval_function_path, "--eval-function-path") or self.rollout_fn
+        self.eval_fn = _hook(eval_function_path, "--eval-function-path") or self.rollout_fn
         self.turns, self.tools, self.tool_processes = None, {}, None
-        self.failures = FailureLog(hook_name(a), cfg.reward.reward_failure_value) if a.per_sample else None
+        self.failures = FailureLog(hook_name(a), failure_value) if a.per_sample else None
         self._proxy_lock, self._open_sessions = threading.Lock(), {}
-        if a.tools or a.environment_path or cfg.data.apply_chat_template:
+        if a.tools or a.environment_path or chat_template is not None:
             from rlvr.agents.turns import ChatTurns
 
             tools = None
@@ -92,11 +109,11 @@ class Agent:
                     check_process_tools(self.tools)
                     self.tool_processes = ProcessTools()
                 for tool in self.tools.values():
-                    if hasattr(tool, "configure"):  # the python tool takes the --code-* sandbox limits
-                        tool.configure(cfg)
+                    if hasattr(tool, "configure") and sandbox_limits is not None:  # the python tool
+                        tool.configure(sandbox_limits)
                 tools = tool_schemas(self.tools)
             # Refuses at start-up a template that is not prefix-preserving for tool/user turns.
-            self.turns = ChatTurns(tokenizer, tools, cfg.data.chat_template_kwargs())
+            self.turns = ChatTurns(tokenizer, tools, chat_template)
         if a.custom_generate_function_path:
             self.generate_fn = _hook(a.custom_generate_function_path, "--custom-generate-function-path")
         elif a.tools:
@@ -124,7 +141,7 @@ class Agent:
             def turns(tools):
                 key = json.dumps(tools, sort_keys=True)
                 if key not in cache:
-                    cache[key] = ChatTurns(self.tokenizer, tools, self.cfg.data.chat_template_kwargs())
+                    cache[key] = ChatTurns(self.tokenizer, tools, self.chat_template)
                 return cache[key]
 
             self._proxy = OpenAIProxy(self.engine, self.tokenizer, turns)
@@ -136,12 +153,11 @@ class Agent:
     def openai_session(self, handle: EngineHandle) -> str:
         with self._proxy_lock:
             if handle.session not in self._open_sessions:
-                budget = self.cfg.rollout.rollout_max_response_len
-                self._open_sessions[handle.session] = self.proxy.open(handle, budget)
+                self._open_sessions[handle.session] = self.proxy.open(handle, self.max_response_len)
             return self._open_sessions[handle.session]
 
     def _context(self, rollout, handle: EngineHandle | None) -> AgentContext:
-        return AgentContext(self.cfg, handle, self.tokenizer, self.turns, rollout, self)
+        return AgentContext(self.args, handle, self.tokenizer, self.turns, rollout, self)
 
     # ---- per sample ---------------------------------------------------------------------------
     async def generate_group(self, rollout, group: list[Sample], params: SamplingParams) -> None:
@@ -167,7 +183,7 @@ class Agent:
             if rollout is not None:  # the sample's own seed (its turns: EngineHandle), by identity
                 params = dataclasses.replace(params, seed=request_seed(rollout.sample_seed(s),
                                                                        s.metadata.get("agent_regenerated", 0)))
-            out = await call_maybe_async(self.generate_fn, self.cfg, s, sampling_dict(params))
+            out = await call_maybe_async(self.generate_fn, self.args, s, sampling_dict(params))
             if handle.session in self._open_sessions and isinstance(out, Sample) and not out.response_ids:
                 self.proxy.fill(handle.session, out)  # an OpenAI-client agent: its recorded calls are the sample
             if handle.aborted and isinstance(out, Sample):
@@ -193,7 +209,7 @@ class Agent:
     def check_failures(self, samples: list[Sample], what: str) -> None:
         """Stop the run when more than --agent-failure-limit of ``samples`` failed in the hook."""
         if self.failures is not None:
-            check_failure_limit(samples, what, self.cfg.agent.agent_failure_limit, self.failures.where)
+            check_failure_limit(samples, what, self.config.agent_failure_limit, self.failures.where)
 
     # ---- the whole rollout --------------------------------------------------------------------
     def run_rollout(self, rollout, rollout_id: int | None, data_source, evaluation: bool = False):
@@ -202,7 +218,7 @@ class Agent:
         token = _CONTEXT.set(self._context(rollout, None))
         try:  # a plain function runs outside any event loop (slime's runs its own, as this one may)
             fn = self.eval_fn if evaluation else self.rollout_fn
-            out = fn(self.cfg, rollout_id, data_source, evaluation=evaluation)
+            out = fn(self.args, rollout_id, data_source, evaluation=evaluation)
             if inspect.isawaitable(out):
                 out = asyncio.run(_awaited(out))
         finally:

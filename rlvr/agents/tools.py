@@ -246,11 +246,10 @@ class PythonTool:
 
         self.limits, self.max_chars = limits or SandboxLimits(), max_chars
 
-    def configure(self, cfg) -> None:
-        """The ``--code-*`` limits of the run's reward config (the ``code`` reward's own)."""
-        from rlvr.sandbox.runner import SandboxLimits
-
-        self.limits = SandboxLimits.from_reward_config(cfg.reward)
+    def configure(self, limits) -> None:
+        """Run under ``limits`` (a ``SandboxLimits``: the builder passes the ``code`` reward's
+        ``--code-*`` ones)."""
+        self.limits = limits
 
     async def __call__(self, code: str) -> ToolResult:
         """Run a Python program and return what it prints.
@@ -272,12 +271,13 @@ PYTHON = [python_tool]  # --tools rlvr.agents.tools:PYTHON
 
 
 # ---- the built-in loop ---------------------------------------------------------------------------
-async def generate_with_tools(cfg, sample: Sample, sampling_params: dict) -> Sample:
-    """``--tools``: model turn, tool calls, observations, ... (module docstring)."""
+async def generate_with_tools(args, sample: Sample, sampling_params: dict) -> Sample:
+    """``--tools``: model turn, tool calls, observations, ... (module docstring). Its settings are
+    the agent's group (``--max-turns``, ``--tool-timeout``); ``args`` is unused."""
     from rlvr.agents.agent_context import context
 
     ctx = context()
-    tools, turns, a = ctx.agent.tools, ctx.turns, cfg.agent
+    tools, turns, a = ctx.agent.tools, ctx.turns, ctx.agent.config
     budget = sampling_params["max_new_tokens"]
     stops = list(sampling_params.get("stop") or []) + [TOOL_CALL_END]
     n_calls = n_errors = 0

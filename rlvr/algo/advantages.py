@@ -332,7 +332,7 @@ def dcpo_advantages(inp: AdvantageInputs, cfg: AlgoConfig) -> tuple[Tensor, Tens
     then assigned by position, not added: reasoning tokens get ``A_acc``, confidence tokens get
     ``-A_cal`` (negated because a larger calibration error must lower those tokens' probability).
     A sample without a confidence span gets ``A_acc`` on every token (its confidence still enters
-    the group's calibration statistics; the seed leaves this case unspecified).
+    the group's calibration statistics; the method leaves this case unspecified).
     """
     meta = inp.train_metadata or {}
     missing = [k for k in (DCPO_CONFIDENCE, DCPO_CONFIDENCE_MASK) if k not in meta]

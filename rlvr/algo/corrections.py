@@ -160,7 +160,7 @@ def score_centering_loss(
     ``mu = sum_H c_v s_v``, ``c_v = q_v f(p_v / q_v) - alpha f(1 / alpha) p_v``. The loss
     ``-sg(A) [sg(w_a) log p_a - sum_H sg(c_v) log p_v]`` has gradient ``-A (w_a s_a - mu)``.
     Exact when H is the whole vocabulary (then the alpha term's gradient is ``∇ sum p = 0``).
-    ``1 - P_H`` and alpha are floored at ``eps`` (tiny tail mass, as the seed warns).
+    ``1 - P_H`` and alpha are floored at ``eps`` (a tiny tail mass would blow the weights up).
 
     Args:
         log_probs [B, T], rollout_log_probs [B, T]: log p_theta / log q of the sampled token.

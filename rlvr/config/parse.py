@@ -1,5 +1,5 @@
 """Flags and YAML files to a ``Config``: the argparse parser generated from the fields, the YAML
-reader (flat or grouped by section, hyphens or underscores; or seed 003's nested slime schema,
+reader (flat or grouped by section, hyphens or underscores; or the nested slime schema,
 ``rlvr.compat.slime.seed_config``) and the type checks of its values.
 
 Each field of each group is a flag (``--`` + name with hyphens; its help from the field); a YAML
@@ -28,7 +28,7 @@ from rlvr.config.root import ALIASES, FIELDS, GROUPS, Config
 from rlvr.core.errors import ConfigError
 
 
-# Every field's default, flat: what the seed schema's derived sizes fall back on.
+# Every field's default, flat: what the nested schema's derived sizes fall back on.
 DEFAULTS = {n: f.default if f.default is not MISSING else f.default_factory() for n, (_, f) in FIELDS.items()}
 
 
@@ -94,8 +94,8 @@ def make_parser(prog: str = "rlvr train", names: Names | None = None) -> argpars
 
 def _read_yaml(path: str, given: dict[str, Any]) -> dict[str, tuple[Any, str]]:
     """``{field: (value, where it was read)}`` from a YAML file: rlvr's fields (flat or grouped),
-    or seed 003's nested schema (``rlvr.compat.slime.seed_config``) with rlvr fields beside it.
-    ``given`` (the fields the command line sets) is what the seed's derived sizes need."""
+    or the nested schema (``rlvr.compat.slime.seed_config``) with rlvr fields beside it.
+    ``given`` (the fields the command line sets) is what the nested file's derived sizes need."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError("--config", f"file not found: {path}")

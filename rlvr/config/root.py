@@ -3,7 +3,9 @@ field by its flat (slime) name.
 
 Each component receives only its own group (``cfg.algo`` to algorithm code, ``cfg.rollout`` to the
 rollout, ...). ``validate()`` checks every group, then the rules that span groups; each message
-names the flag and what to change.
+names the flag and what to change. A ``Config`` answers only its groups; the view by slime's flat
+names that slime-style plugins get as ``args`` is built at the edge
+(``rlvr.compat.slime.plugins.SlimeArgs``, by ``rlvr.runtime.plugins.slime_args``).
 """
 
 from __future__ import annotations
@@ -74,14 +76,6 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
-
-    def __getattr__(self, name: str) -> Any:
-        """Any field by its flat (slime) name, ``cfg.n_samples_per_prompt`` for
-        ``cfg.rollout.n_samples_per_prompt``: the hooks that get the whole config where slime passes
-        ``args`` (custom generate, rollout and eval functions) read it as slime's code does."""
-        if name in FIELDS:
-            return getattr(getattr(self, FIELDS[name][0]), name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # ---- derived numbers: rollout size, optimizer steps per rollout ------------------------
     @property

@@ -27,12 +27,13 @@ from __future__ import annotations
 import logging
 import os
 from functools import partial
+from typing import Callable
 
 import ray
 import torch
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from rlvr.config import Config
+from rlvr.config import Config, EngineConfig
 from rlvr.distributed.failures import get_all, get_one
 from rlvr.distributed.placement import Plan, actor_setup, in_bundle, placement_info
 from rlvr.distributed.weight_sync import checksum, from_store
@@ -45,7 +46,9 @@ log = logging.getLogger(__name__)
 
 class EngineActor:
     """One embedded engine in its own process (an async Ray actor: many generate calls at once,
-    batched together by the engine)."""
+    batched together by the engine). It keeps no config: it receives the whole ``Config`` only to
+    run the builder (``rlvr.runtime.build.embedded_engine``) in its own process, which hands the
+    engine its groups."""
 
     def __init__(self, cfg: Config, index: int, cwd: str):
         actor_setup(cwd)
@@ -137,17 +140,14 @@ class EngineGroup:
     """The ``Engine`` protocol over M engine actors, balanced by outstanding requests; not
     supervised: the first actor failure stops the run (``TolerantEngineGroup`` is the supervised one)."""
 
-    def __init__(self, cfg: Config, pg, p: Plan, cwd: str, n: int):
-        self.cfg, self.pg, self.plan, self.cwd = cfg, pg, p, cwd
+    def __init__(self, make: Callable[[int], object], n: int):
+        self.make = make  # make(i): engine actor i, in its bundle (make_engine_actor with the run's placement)
         self.actors = [self.make(i) for i in range(n)]
         self.outstanding = [0] * n
         self.version = 0
         self.weights_ref = None  # the last weights pushed (a restarted engine gets them too)
         self.broadcast_specs = None  # --weight-sync broadcast: what rank 0 sends (set when the group forms)
         self.affinity = Affinity()  # session -> actor index
-
-    def make(self, i: int):
-        return make_engine_actor(self.cfg, self.pg, self.plan, self.cwd, i)
 
     def restart(self, i: int) -> None:
         """Replace engine ``i`` by a new actor holding the current weights."""
@@ -214,10 +214,12 @@ class EngineGroup:
     def create(cls, cfg: Config, pg, p: Plan, cwd: str, n: int):
         """The group ``RolloutManager`` uses: with ``--use-fault-tolerance`` a ``TolerantEngineGroup``
         (below: the engine supervisor over the actors, the same methods),
-        otherwise this one (an actor failure stops the run)."""
+        otherwise this one (an actor failure stops the run). The actors get the whole ``cfg`` to
+        build their engines; the groups get only the actor factory (and the engine group)."""
+        make = partial(make_engine_actor, cfg, pg, p, cwd)
         if cfg.engine.use_fault_tolerance:
-            return TolerantEngineGroup(cfg, pg, p, cwd, n)
-        return cls(cfg, pg, p, cwd, n)
+            return TolerantEngineGroup(make, cfg.engine, n)
+        return cls(make, n)
 
 def _get(ref, what: str, timeout: float | None = None):
     """``ray.get`` with the transport's failures as ``EngineDown``."""
@@ -292,10 +294,10 @@ class RayActors:
 class TolerantEngineGroup:
     """``EngineGroup``'s methods over ``EngineSupervisor`` + ``RayActors``; see the module docstring."""
 
-    def __init__(self, cfg, pg, p, cwd: str, n: int):
-        self.transport = RayActors(partial(make_engine_actor, cfg, pg, p, cwd))
+    def __init__(self, make: Callable[[int], object], engine: EngineConfig, n: int):
+        self.transport = RayActors(make)
         # Every engine loads before the clock of the health checks starts.
-        self.supervisor = EngineSupervisor(self.transport, cfg.engine, num_engines=n)
+        self.supervisor = EngineSupervisor(self.transport, engine, num_engines=n)
 
     async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         return await self.supervisor.generate(requests)

@@ -31,13 +31,15 @@ from rlvr.core.types import RolloutBatch
 
 
 class RolloutManager:
-    """The rollout side in one actor: data source, grader, ``Rollout``, and the engine group."""
+    """The rollout side in one actor: data source, grader, ``Rollout``, and the engine group.
+    It receives the whole ``Config`` to run the builders in its own process (they hand each
+    component its groups) and keeps only the cluster group."""
 
     def __init__(self, cfg: Config, pg, p: Plan, cwd: str):
         actor_setup(cwd)
         from rlvr.runtime.build import load_tokenizer, make_rollout, open_training_data
 
-        self.cfg = cfg
+        self.cluster = cfg.cluster
         tokenizer = load_tokenizer(cfg.train.hf_checkpoint)
         n = cfg.cluster.num_engines(cfg.engine.rollout_num_engines)
         self.engines = EngineGroup.create(cfg, pg, p, cwd, n)
@@ -50,7 +52,7 @@ class RolloutManager:
 
     def generate(self, rollout_id: int) -> RolloutBatch:
         batch = self.rollout.generate(rollout_id)
-        if self.cfg.cluster.colocate:  # the trainer trains next, in the same bundles
+        if self.cluster.colocate:  # the trainer trains next, in the same bundles
             self.engines.sleep()
         return batch
 
@@ -84,7 +86,7 @@ class RolloutManager:
         """``--weight-sync broadcast``: the engines receive what rank 0 is sending; then, with
         ``check`` (``--check-weight-update-equal``), their checksums are compared with rank 0's
         (``refs`` = [its call's ref], read only after the transfer: rank 0 returns when done)."""
-        sums = self.engines.receive_weights(self.cfg.cluster.update_weight_buffer_size, version, with_checksum=check)
+        sums = self.engines.receive_weights(self.cluster.update_weight_buffer_size, version, with_checksum=check)
         return self._compare(sums, ray.get(refs[0]) if check else None, version)
 
     def restart_engine(self, i: int) -> None:
@@ -143,10 +145,11 @@ class RolloutManager:
 
 
 class RayRollout:
-    """The loop's rollout in Ray mode."""
+    """The loop's rollout in Ray mode. It hands the whole ``Config`` to the ``RolloutManager``
+    actor it starts (which builds there) and keeps only the cluster group."""
 
     def __init__(self, cfg: Config, pg, p: Plan, cwd: str):
-        self.cfg = cfg
+        self.cluster = cfg.cluster
         self.manager = ray.remote(RolloutManager).options(num_cpus=0).remote(cfg, pg, p, cwd)
         self.num_engines = 0
         self.last_checksums: list[str | None] = []
@@ -164,7 +167,7 @@ class RayRollout:
     def update_weights(self, weights: WeightsRef, version: int) -> None:
         if weights.broadcast:  # rank 0 is sending (weights.checksum is its call): the engines receive now
             call = self.manager.receive_weights.remote([weights.checksum], version,
-                                                       self.cfg.cluster.check_weight_update_equal)
+                                                       self.cluster.check_weight_update_equal)
             self.last_checksums = get_all([call, weights.checksum, *weights.others])[0]
             return
         call = self.manager.update_weights.remote([weights.weights, weights.checksum], version)

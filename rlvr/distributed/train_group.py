@@ -7,9 +7,12 @@ of it (cheap; group statistics need whole groups) and trains on its share, split
 with ``--balance-data`` (``rlvr/train/parallel.py``). The result equals the single-process
 trainer's on the same global batch (tests/test_ray.py).
 
-``RayTrainer`` is what the loop holds in Ray mode: the methods the loop calls on a ``Trainer``
-(``train``, ``weights``, ``step``, ``guard``, ``save``, ``load``, ``model``), each fanned out to
-every rank and gathered with ``get_all`` (first failure raised at once).
+``RayTrainer`` is what the loop holds in Ray mode: ``rlvr.runtime.roles.TrainerRole`` (``train``,
+``weights``, ``step``, ``save``, ``load``, ``save_hf``, ``check_bad_steps``), each fanned out to
+every rank and gathered with ``get_all`` (first failure raised at once). The bad-step guard lives in
+each rank's ``Trainer``; rank 0's ``train`` and ``load`` return its streak as plain data with their
+results, and ``check_bad_steps`` decides on it with the guard's own function
+(``rlvr.train.guard.stop_if_exhausted``).
 
 Colocated (``--colocate``): after handing its weights over, each rank frees its gradients (the
 memory the engines then use) and, with ``--offload-train``, moves AdamW's state to host memory
@@ -33,7 +36,7 @@ from rlvr.config import Config
 from rlvr.distributed.failures import get_all
 from rlvr.distributed.placement import Plan, actor_setup, in_bundle, placement_info
 from rlvr.distributed.weight_sync import WeightsRef, checksum, from_store, to_store
-from rlvr.train.guard import BadStepGuard
+from rlvr.train.guard import stop_if_exhausted
 from rlvr.core.types import Sample
 
 PROCESS_GROUP_TIMEOUT = timedelta(minutes=10)  # a rank stuck longer than this in a collective fails
@@ -46,11 +49,13 @@ def free_port() -> int:
 
 
 class TrainWorker:
-    """One training rank (a Ray actor)."""
+    """One training rank (a Ray actor). It holds the whole ``Config`` until ``setup`` runs the
+    builder (``rlvr.runtime.build.make_trainer``, which hands the trainer its groups) in this
+    process; after that it reads only the cluster group."""
 
     def __init__(self, cfg: Config, rank: int, world_size: int, cwd: str):
         actor_setup(cwd)
-        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.cfg, self.cluster, self.rank, self.world_size = cfg, cfg.cluster, rank, world_size
         self.trainer = None
         from rlvr.core.device import for_actor
 
@@ -83,7 +88,8 @@ class TrainWorker:
         return placement_info(self.device) | {"backend": process_group_backend(self.device)}
 
     def train(self, rollout_id: int, samples: list[Sample]) -> tuple[dict, list, int]:
-        if self.cfg.cluster.offload_train:  # back from the host for the step
+        """Metrics, the guard's streak of skipped steps (plain tuples) and the step count."""
+        if self.cluster.offload_train:  # back from the host for the step
             move_optimizer_state(self.trainer.optimizer, self.device)
         metrics = self.trainer.train(rollout_id, samples)
         return metrics, list(self.trainer.guard.streak), self.trainer.step
@@ -105,15 +111,15 @@ class TrainWorker:
         weights = self.trainer.weights()
         if self.rank != 0:
             return None
-        self.broadcast.send(weights, self.specs, self.cfg.cluster.update_weight_buffer_size)
+        self.broadcast.send(weights, self.specs, self.cluster.update_weight_buffer_size)
         return checksum(weights) if with_checksum else None
 
     def weights(self, with_checksum: bool) -> tuple[dict | None, str | None]:
         """Rank 0: the whole policy (and its checksum); other ranks take part in FSDP2's gather."""
         weights = self.trainer.weights()
-        if self.cfg.cluster.colocate:  # the engines are about to wake in this memory
+        if self.cluster.colocate:  # the engines are about to wake in this memory
             self.trainer.model.zero_grad(set_to_none=True)
-            if self.cfg.cluster.offload_train:
+            if self.cluster.offload_train:
                 move_optimizer_state(self.trainer.optimizer, "cpu")
         if self.rank != 0:
             return None, None
@@ -131,21 +137,25 @@ class TrainWorker:
         self.trainer.save(directory, extra=extra)
 
     def load(self, directory: str) -> tuple[dict, int, list]:
+        """The checkpoint's ``extra``, the step count and the guard's restored streak."""
         extra = self.trainer.load(directory)
         return extra, self.trainer.step, list(self.trainer.guard.streak)
 
 
 class RayTrainer:
-    """The loop's trainer in Ray mode: the same methods, fanned out to the ranks."""
+    """The loop's trainer in Ray mode: the same methods, fanned out to the ranks. It hands the
+    whole ``Config`` to the ``TrainWorker`` actors it starts (each builds its trainer) and keeps
+    the cluster group and the checkpoint path (``save_hf``'s model)."""
 
     def __init__(self, cfg: Config, pg, p: Plan, cwd: str):
-        self.cfg = cfg
+        self.cluster, self.hf_checkpoint = cfg.cluster, cfg.train.hf_checkpoint
         world = cfg.cluster.train_world_size
         cls = ray.remote(TrainWorker)
         self.workers = [cls.options(**in_bundle(pg, p.train_bundles[r], p.train_share, p.train_gpus(r)))
                         .remote(cfg, r, world, cwd) for r in range(world)]
         self.step = 0
-        self.guard = BadStepGuard(cfg.train.max_consecutive_skipped_steps)
+        self.max_skipped = cfg.train.max_consecutive_skipped_steps
+        self.skipped: list[tuple[int, int, str]] = []  # rank 0's guard streak, as its last train/load returned it
 
     def setup(self) -> None:
         """Form the process group and load the model on every rank (waits for the actors)."""
@@ -154,8 +164,7 @@ class RayTrainer:
 
     def train(self, rollout_id: int, samples: list[Sample]) -> dict[str, float]:
         ref = ray.put(samples)  # one copy in the object store, read by every rank
-        metrics, streak, self.step = get_all([w.train.remote(rollout_id, ref) for w in self.workers])[0]
-        self.guard.streak[:] = [tuple(s) for s in streak]
+        metrics, self.skipped, self.step = get_all([w.train.remote(rollout_id, ref) for w in self.workers])[0]
         return metrics
 
     def weights(self) -> WeightsRef:
@@ -163,8 +172,8 @@ class RayTrainer:
         calls ride along so that a failure among them surfaces too. ``--weight-sync broadcast``:
         rank 0 starts streaming them to the engines (``RayRollout.update_weights`` has them
         receive); the ref holds no weights, only rank 0's checksum."""
-        check = self.cfg.cluster.check_weight_update_equal
-        if self.cfg.cluster.weight_sync == "broadcast":
+        check = self.cluster.check_weight_update_equal
+        if self.cluster.weight_sync == "broadcast":
             calls = [w.send_weights.remote(check) for w in self.workers]
             return WeightsRef(None, calls[0], others=calls[1:], broadcast=True)
         calls = [w.weights.options(num_returns=2).remote(check) for w in self.workers]
@@ -188,8 +197,7 @@ class RayTrainer:
         return Path(directory)
 
     def load(self, directory: str | Path) -> dict:
-        extra, self.step, streak = get_all([w.load.remote(str(directory)) for w in self.workers])[0]
-        self.guard.streak[:] = [tuple(s) for s in streak]
+        extra, self.step, self.skipped = get_all([w.load.remote(str(directory)) for w in self.workers])[0]
         return extra
 
     def save_hf(self, tokenizer, directory: str | Path) -> Path:
@@ -201,13 +209,13 @@ class RayTrainer:
 
         ref = self.weights()
         weights = from_store(get_all([ref.weights, *ref.others])[0])
-        model = AutoModelForCausalLM.from_pretrained(self.cfg.train.hf_checkpoint, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(self.hf_checkpoint, dtype=torch.float32)
         model.load_state_dict(weights, strict=False)  # tied aliases (lm_head = embeddings) follow
         return save_hf(model, tokenizer, directory)
 
     def check_bad_steps(self, skipped_path) -> None:
-        """The ranks' guard, as rank 0 reported its streak with the last step (``TrainerRole``)."""
-        self.guard.raise_if_exhausted(skipped_path)
+        """Stop on the streak rank 0 returned with the last ``train`` or ``load`` (``TrainerRole``)."""
+        stop_if_exhausted(self.skipped, self.max_skipped, skipped_path)
 
     def close(self) -> None:
         for w in self.workers:

@@ -1,12 +1,14 @@
 """A client ``Engine`` over SGLang's HTTP protocol (``rlvr serve`` or a real SGLang server).
 
 ``HttpEngine(["host:port", ...])`` sends each request to ``/generate`` on the address with the
-fewest requests outstanding among those not cooling down, the turns of one session to one server
-(``rlvr.engine.balance``). A request
-whose server fails (connection refused or dropped, HTTP 5xx, or no answer within ``timeout``
-seconds) is retried on another address; the failing address is avoided for ``cooldown``
-seconds. After ``retries`` retries the request comes back with finish reason ``error`` (the
-rollout marks the sample FAILED and counts it). Every request gets exactly one result, in order.
+fewest requests outstanding among those the failure policy allows, the turns of one session to
+one server (``rlvr.engine.balance``). A server fails a request when the connection is refused or
+dropped, it answers HTTP 5xx, or it does not answer within ``timeout`` seconds; what follows is
+``rlvr.engine.failures.FailurePolicy``'s, the same policy the engine supervisor follows: the
+request is retried on another address, the failing one is avoided for ``cooldown`` seconds, and
+after ``retries`` retries (or with no address left to try) the request comes back with finish
+reason ``error`` (the rollout marks the sample FAILED and counts it). Every request gets exactly
+one result, in order.
 
 Control calls go to every address: ``abort`` -> ``/abort_request``, ``health`` -> ``/health``
 (true while at least one server answers), ``sleep``/``wake`` -> ``/release_memory_occupation``
@@ -21,7 +23,6 @@ import asyncio
 import dataclasses
 import logging
 import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Iterable, Mapping
@@ -32,6 +33,7 @@ from safetensors.torch import save_file
 
 from rlvr.engine.balance import Affinity
 from rlvr.engine.base import GenerateRequest, GenerateResult
+from rlvr.engine.failures import FailurePolicy, error_results
 from rlvr.engine.sglang_http import health, parse_addr, post, post_generate
 
 log = logging.getLogger(__name__)
@@ -43,9 +45,9 @@ class HttpEngine:
         if not addrs:
             raise ValueError("HttpEngine needs at least one host:port")
         self.urls = [parse_addr(a) for a in addrs]
-        self.timeout, self.retries, self.cooldown = timeout, retries, cooldown
+        self.timeout = timeout
+        self.policy = FailurePolicy(attempts=retries + 1, avoid_for=cooldown)
         self.outstanding = {u: 0 for u in self.urls}
-        self.down_until = {u: 0.0 for u in self.urls}
         self.served = {u: 0 for u in self.urls}  # answers per server (observability, tests)
         self.failures = 0  # attempts that failed and were retried or given up
         self.weights_dir = Path(weights_dir or tempfile.mkdtemp(prefix="rlvr-weights-"))
@@ -67,16 +69,14 @@ class HttpEngine:
             return list(await asyncio.gather(*(self._one(session, r) for r in requests)))
 
     def _pick(self, tried: set[str], session: str = "") -> str | None:
-        now = time.monotonic()
-        fresh = [u for u in self.urls if u not in tried]
-        up = [u for u in fresh if self.down_until[u] <= now]
-        return self.affinity.pick(session, up or fresh, self.outstanding.__getitem__)
+        """The address for the next attempt (the policy's choices; None: give up)."""
+        return self.affinity.pick(session, self.policy.choices(self.urls, tried), self.outstanding.__getitem__)
 
     async def _one(self, session: aiohttp.ClientSession, req: GenerateRequest) -> GenerateResult:
         tried: set[str] = set()
         errors: list[str] = []
         rid = req.rid or uuid.uuid4().hex  # the same on every attempt (each on another server)
-        for _attempt in range(self.retries + 1):
+        for _attempt in range(self.policy.attempts):
             url = self._pick(tried, req.session)
             if url is None:
                 break
@@ -86,11 +86,12 @@ class HttpEngine:
                 if result.finish_reason == "error":  # HTTP 400: our request is bad, retrying elsewhere will not help
                     return dataclasses.replace(result, weight_version=self._version)
                 self.served[url] += 1
+                self.policy.answered(url)
                 return result
             except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
                 self.failures += 1
                 tried.add(url)
-                self.down_until[url] = time.monotonic() + self.cooldown
+                self.policy.failed(url)
                 errors.append(f"{url}: {e!r}")
                 log.warning("engine %s failed request %s (%r); retrying elsewhere", url, req.rid, e)
                 if isinstance(e, asyncio.TimeoutError):
@@ -98,7 +99,7 @@ class HttpEngine:
             finally:
                 self.outstanding[url] -= 1
         log.error("request %s failed on every engine: %s", req.rid, errors)
-        return GenerateResult(req.rid, [], [], "error", self._version, {"error": "; ".join(errors)})
+        return error_results([req], errors, self._version)[0]
 
     # ---- control ------------------------------------------------------------------------
     def _post(self, url: str, route: str, payload: dict, timeout: float = 60.0) -> dict:

@@ -7,7 +7,11 @@ over SGLang's HTTP protocol: local mode with ``--rollout-num-engines`` > 1 or
 ``--use-fault-tolerance``) and ``rlvr.distributed.engines.RayActors`` (embedded-engine
 actors under ``--ray --use-fault-tolerance``). The policy below is written once, here, for both.
 
-Calls go to the live engine with the fewest outstanding requests, the turns of one session
+Calls go to the live engine with the fewest outstanding requests among those the failure policy
+allows (``rlvr.engine.failures``: a call is retried elsewhere, an engine that failed a call is
+avoided until it answers a probe or ``--rollout-health-check-timeout`` has passed, a call is given
+up after enough attempts for every engine to use all its restarts -- the policy
+``rlvr.engine.client.HttpEngine`` follows too), the turns of one session
 (multi-turn sample) to one engine while it is up (``rlvr.engine.balance``). A
 transport either sends each request on its own (``batched = False``: HTTP, where a prompt group's
 requests spread over the engines) or a whole prompt group in one call (``batched = True``: an
@@ -53,6 +57,7 @@ from typing import Any, Callable, Protocol
 
 from rlvr.engine.balance import Affinity
 from rlvr.engine.base import GenerateRequest, GenerateResult
+from rlvr.engine.failures import FailurePolicy, error_results
 from rlvr.config.engine import EngineConfig
 from rlvr.core.testing import fault_point
 
@@ -160,6 +165,9 @@ class EngineSupervisor:
         self.interval, self.timeout = settings.rollout_health_check_interval, settings.rollout_health_check_timeout
         self.max_restarts = settings.rollout_max_engine_restarts
         self.slots = [Slot(i) for i in range(num_engines or settings.rollout_num_engines)]
+        # engines are (slot, incarnation): a restarted engine is a new one, untried and not avoided
+        n = len(self.slots)
+        self.policy = FailurePolicy(attempts=self.max_restarts * n + n + 1, avoid_for=self.timeout)
         self.restarts = 0  # engine restarts so far (all slots)
         self.reissued = 0  # requests re-issued after their engine went down
         self.events: list[dict] = []  # every down / restarted / removed, for tests and logs
@@ -277,11 +285,11 @@ class EngineSupervisor:
     # ---- calls ----------------------------------------------------------------------------
     async def _call(self, requests: list[GenerateRequest], epoch: int) -> list[GenerateResult]:
         """One call (a request, or a prompt group), re-issued until an engine that is up answers it."""
-        loop, errors = asyncio.get_running_loop(), []
-        for attempt in range(self.max_restarts * len(self.slots) + len(self.slots) + 1):
+        loop, errors, tried = asyncio.get_running_loop(), [], set()
+        for attempt in range(self.policy.attempts):
             if self._abort_epoch != epoch or any(q.rid in self._aborted_rids for q in requests):
                 return [GenerateResult(q.rid, [], [], "abort", self._version) for q in requests]
-            slot = await self._pick(requests[0].session)
+            slot = await self._pick(requests[0].session, tried)
             if slot is None:  # closed
                 break
             down = loop.create_future()
@@ -296,7 +304,9 @@ class EngineSupervisor:
                 await asyncio.wait({call, down}, return_when=asyncio.FIRST_COMPLETED)
                 if not down.done():
                     try:
-                        return call.result()  # any other exception is the engine's own: it stops the run
+                        out = call.result()  # any other exception is the engine's own: it stops the run
+                        self.policy.answered((slot.index, incarnation))
+                        return out
                     except EngineDown as e:
                         reason = e.reason
                         self._suspect(slot, incarnation, e)
@@ -310,22 +320,26 @@ class EngineSupervisor:
                     if (loop, down) in slot.down_waiters:
                         slot.down_waiters.remove((loop, down))
             errors.append(f"engine {slot.index}: {reason}")
+            tried.add((slot.index, incarnation))
+            self.policy.failed((slot.index, incarnation))
             with self._lock:
                 self.reissued += len(requests)
             log.warning("%d requests (%s...) lost with engine %d (%s); re-issuing them (attempt %d)",
                         len(requests), requests[0].rid, slot.index, reason, attempt + 2)
             await asyncio.sleep(0.05)
         log.error("requests %s... failed on every engine: %s", requests[0].rid, errors)
-        error = "; ".join(errors[-5:]) or "the engines were closed"
-        return [GenerateResult(q.rid, [], [], "error", self._version, {"error": error}) for q in requests]
+        return error_results(requests, errors or ["the engines were closed"], self._version)
 
-    async def _pick(self, session: str = "") -> Slot | None:
-        """The session's engine while it is up, else the live engine with the fewest outstanding
-        requests; waits while all are restarting; None once closed; ``EnginesLost`` once every
+    async def _pick(self, session: str = "", tried: frozenset | set = frozenset()) -> Slot | None:
+        """Among the live engines the failure policy allows a call that already tried ``tried``,
+        the session's engine, else the one with the fewest outstanding requests; waits while there
+        is none (all restarting, or all avoided); None once closed; ``EnginesLost`` once every
         engine is removed."""
         while True:
             with self._lock:
-                i = self.affinity.pick(session, [s.index for s in self.slots if s.up], lambda i: self.slots[i].outstanding)
+                live = [(s.index, s.incarnation) for s in self.slots if s.up]
+                allowed = [index for index, _ in self.policy.choices(live, tried)]
+                i = self.affinity.pick(session, allowed, lambda i: self.slots[i].outstanding)
                 if i is not None:
                     return self.slots[i]
                 if self._closed.is_set():
@@ -360,6 +374,7 @@ class EngineSupervisor:
                 try:
                     slot.probe.result()
                     slot.probe = None
+                    self.policy.answered((slot.index, slot.incarnation))
                 except Exception as e:
                     reason = f"health probe failed: {e}"
             elif slot.probe is not None and now - slot.probe_started > self.timeout:

@@ -1,1 +1,1 @@
-"""``python -m rlvr.export_hf``: seed 003's export command (``__main__``)."""
+"""``python -m rlvr.export_hf``: the nested config's export command (``__main__``)."""

@@ -1,4 +1,4 @@
-"""``python -m rlvr.export_hf``: seed 003's ``python -m slime.export_hf`` command.
+"""``python -m rlvr.export_hf``: the nested config's ``python -m slime.export_hf`` command.
 
 ``--megatron_ckpt DIR/rollout_N --output_dir OUT`` is ``rlvr export DIR/rollout_N OUT``
 (``rlvr.compat.slime.seed_commands.export_argv``): a plain Hugging Face checkpoint, model and

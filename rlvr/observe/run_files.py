@@ -22,7 +22,7 @@ from rlvr.core.jsonl import iter_objects
 from rlvr.observe.metrics import MetricsLogger
 
 if TYPE_CHECKING:
-    from rlvr.config import Config
+    from rlvr.config.groups import RunConfig
     from rlvr.core.types import RolloutBatch, Sample
 
 log = logging.getLogger(__name__)
@@ -80,9 +80,9 @@ def truncate_streams(run_dir: Path, rollout_id: int, train_step: int) -> None:
             log.info("resume: cut %d records of %s logged after the checkpoint", len(rows) - len(kept), path)
 
 
-def open_logger(cfg: Config, run_dir: Path, resume: dict | None) -> MetricsLogger:
-    """metrics.jsonl always; TensorBoard and W&B when asked for."""
-    r = cfg.run
+def open_logger(r: RunConfig, run_dir: Path, resume: dict | None, config: dict | None = None) -> MetricsLogger:
+    """metrics.jsonl always; TensorBoard and W&B (``r``: the run group's flags) when asked for;
+    ``config`` is the resolved config W&B records with the run."""
     # slime: --tensorboard-dir, else $TENSORBOARD_DIR; rlvr's default keeps it inside the run directory
     root = r.tensorboard_dir or os.environ.get("TENSORBOARD_DIR")
     tb_dir = Path(root) if root else run_dir / "tensorboard"
@@ -93,7 +93,7 @@ def open_logger(cfg: Config, run_dir: Path, resume: dict | None) -> MetricsLogge
         from rlvr.observe.wandb_sink import WandbSink
 
         sinks.append(WandbSink(run_dir, r.wandb_project, r.wandb_mode, r.wandb_group,
-                               run_id=(resume or {}).get("wandb_run_id"), config=cfg.to_dict()))
+                               run_id=(resume or {}).get("wandb_run_id"), config=config))
     return MetricsLogger(run_dir, use_tensorboard=r.use_tensorboard, tb_dir=tb_dir, sinks=sinks)
 
 

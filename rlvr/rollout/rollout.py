@@ -293,7 +293,7 @@ class Rollout:
                     kept.sort(key=lambda g: order[id(g)])  # submission order, not finishing order: reproducible
                 else:
                     dropped.append(group)
-        if in_flight:  # enough groups: stop the rest (seed 000 §2.3.2 "abort 剩余任务")
+        if in_flight:  # enough groups: stop the rest (slime aborts the remaining requests too)
             self.engine.abort()
             await asyncio.gather(*in_flight)
             leftover = list(in_flight.values())

@@ -32,7 +32,7 @@ from rlvr.train.teacher import teacher_of
 from rlvr.train.trainer import Trainer, save_hf
 
 __all__ = ["Components", "build_engine", "build_local", "check_fits_micro_batch", "embedded_engine", "export_hf",
-           "load_tokenizer",
+           "load_tokenizer", "make_agent",
            "make_rollout", "make_trainer", "open_training_data", "read_dataset", "read_eval_sets", "save_hf"]
 
 
@@ -151,18 +151,35 @@ def make_rollout(cfg: Config, engine, tokenizer, records) -> Rollout:
               else DataSource(records, shuffle=d.rollout_shuffle, seed=d.rollout_seed))
     template_kwargs, agent = d.chat_template_kwargs(), None
     if a.per_sample or a.rollout_function_path or cfg.eval.eval_function_path:
-        from rlvr.agents.hooks import Agent
         from rlvr.agents.tools import load_tools, tool_schemas
 
         tools = load_tools(a.tools) if a.tools else None
         if tools:  # prompts are rendered with the tools (the template's tool format)
             template_kwargs = {**(template_kwargs or {}), "tools": tool_schemas(tools)}
-        agent = Agent(cfg, engine, tokenizer, tools=tools)  # multi-turn hooks get the whole config, as slime's
+        agent = make_agent(cfg, engine, tokenizer, tools, args)
     return Rollout(cfg.rollout, engine, tokenizer, source, Grader(cfg.reward, plugins.custom_reward(cfg.reward, args)),
                    apply_chat_template=d.apply_chat_template, chat_template_kwargs=template_kwargs, agent=agent,
                    seed=cfg.train.seed, deterministic=cfg.run.deterministic_mode,
                    plugins=plugins.rollout_plugins(cfg.rollout, args),
                    top_logprobs_num=cfg.algo.score_centering_top_k if cfg.algo.use_score_centering else 0)
+
+
+def make_agent(cfg: Config, engine, tokenizer, tools: dict | None = None, args=None):
+    """The multi-turn hooks' ``Agent``: its group, the values of other groups it reads, and the
+    ``args`` the user's functions get (default ``plugins.slime_args(cfg)``: the config by group and
+    by slime's flat names, as slime's functions read it)."""
+    from rlvr.agents.hooks import Agent
+
+    limits = None
+    if cfg.agent.tools:  # the python tool runs under the code reward's --code-* limits
+        from rlvr.sandbox.runner import SandboxLimits
+
+        limits = SandboxLimits.from_reward_config(cfg.reward)
+    return Agent(cfg.agent, engine, tokenizer, plugins.slime_args(cfg) if args is None else args, tools=tools,
+                 eval_function_path=cfg.eval.eval_function_path,
+                 chat_template=cfg.data.chat_template_kwargs() if cfg.data.apply_chat_template else None,
+                 max_response_len=cfg.rollout.rollout_max_response_len,
+                 failure_value=cfg.reward.reward_failure_value, sandbox_limits=limits)
 
 
 def build_engine(cfg: Config, model, tokenizer):

@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 RUN_STATE_FILE = "run_state.pt"
 _NAME = re.compile(r"^rollout_(\d{6,})$")
-_ANY_NAME = re.compile(r"^rollout_(\d+)$")  # slime's seed 003 writes rollout_100 for rollout_000100
+_ANY_NAME = re.compile(r"^rollout_(\d+)$")  # the nested config's commands write rollout_100 for rollout_000100
 
 
 def checkpoint_name(rollout_id: int) -> str:
@@ -134,7 +134,7 @@ def read_latest(load_dir: str | Path) -> int | None:
 
 def find_checkpoint(load_dir: str | Path, flag: str = "--load") -> Path | None:
     """The checkpoint ``--load`` names: ``load_dir`` itself when it is one (``rollout_000004``, or
-    ``rollout_4`` as slime's seed 003 writes it), else the newest complete checkpoint under it;
+    ``rollout_4`` as the nested config's commands write it), else the newest complete checkpoint under it;
     None when the directory has none yet (slime's behaviour: the same command line starts a run
     and restarts it). Errors name ``flag``."""
     load_dir = Path(load_dir)

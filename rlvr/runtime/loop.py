@@ -58,7 +58,7 @@ def run(cfg: Config, console: bool = True) -> Path:
             restore(c, ckpt, resume)
         with (
             batch_source(cfg, c, start, resume) as source,
-            open_logger(cfg, run_dir, resume) as logger,
+            open_logger(cfg.run, run_dir, resume, cfg.to_dict()) as logger,
             ConsoleProgress(cfg.run.num_rollout, start=start, enabled=console) as progress,
         ):
             r = Step(cfg, c, source, logger, run_dir)

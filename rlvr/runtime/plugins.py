@@ -2,8 +2,9 @@
 turned into the callables the components take, slime-signature plugins adapted on the way.
 
 This is where ``rlvr.compat.slime`` meets the components (adapters at the edge): a function
-whose first parameter is ``args`` gets ``args`` bound here (``SlimeArgs``, or the whole config for
-slime's whole-config plugins), and slime's dotted paths of functions rlvr has under a name of its
+whose first parameter is ``args`` gets ``args`` bound here (``SlimeArgs``: the config by slime's
+flag names, and by group for the multi-turn hooks, which ``rlvr.runtime.build.make_agent`` hands
+the same view), and slime's dotted paths of functions rlvr has under a name of its
 own resolve to that name (``slime_equivalent``). The rollout, the grader and the trainer receive
 plain rlvr callables and never import ``compat``.
 """
@@ -32,7 +33,8 @@ from rlvr.rollout.rollout import RolloutPlugins
 
 
 def slime_args(cfg: Config) -> SlimeArgs:
-    """What slime-signature plugins get as ``args``: the whole config by slime's flag names, as in slime."""
+    """What slime-signature plugins and the multi-turn hooks get as ``args``: a read-only view of
+    the whole config by slime's flag names (as in slime) and by group (``args.rollout``)."""
     return SlimeArgs(cfg)
 
 

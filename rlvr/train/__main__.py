@@ -1,4 +1,4 @@
-"""``python -m rlvr.train``: seed 003's ``python -m slime.train`` command, flags and all.
+"""``python -m rlvr.train``: the nested config's ``python -m slime.train`` command, flags and all.
 
 ``--config FILE --experiment_name NAME --output_dir DIR [--resume_from DIR/rollout_N]`` plus any
 ``rlvr train`` flag; ``rlvr.compat.slime.seed_commands.train_argv`` says what each becomes.

@@ -10,7 +10,7 @@ failures, both impossible here by construction:
   bucket by moving samples to buckets with room, and if that would need an extra bucket it keeps
   the first-fit assignment instead (always within the cap, same count).
 * When data-parallel ranks agree on a larger count than a rank needs, slime's capped fallback can
-  emit an *empty* bucket (slime issue #1838, ``torch.cat([])``). Here a count larger than the
+  emit an *empty* bucket (whose ``torch.cat([])`` then fails). Here a count larger than the
   number of samples is an error that says so, and no returned bucket is ever empty.
 
 Among the candidates with the minimal count (repaired KK, first-fit decreasing, first-fit in input

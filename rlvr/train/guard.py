@@ -58,12 +58,26 @@ class BadStepGuard:
     def raise_if_exhausted(self, where: Callable[[int], str] | None = None) -> None:
         """Raise ``TrainingStopped`` after ``max_consecutive`` skipped steps in a row; ``where(rollout_id)``
         may say where that rollout's samples were saved."""
-        if not self.exhausted:
-            return
-        first_rollout, first_step, reason = self.streak[0]
-        hint = f"; its samples: {where(first_rollout)}" if where is not None else ""
-        raise TrainingStopped(
-            f"{len(self.streak)} optimizer steps in a row were skipped (--max-consecutive-skipped-steps "
-            f"{self.max_consecutive}); the streak began at rollout {first_rollout} (train step {first_step}: "
-            f"{reason}){hint}. Inspect that rollout's rewards and responses, or lower --lr"
-        )
+        stop_if_exhausted(self.streak, self.max_consecutive, where)
+
+
+def stop_if_exhausted(streak: list, max_consecutive: int, where: Callable[[int], str] | None = None) -> None:
+    """``TrainingStopped`` when ``streak`` (``BadStepGuard.streak``: ``(rollout_id, step, reason)``
+    of each skipped step in a row, as a trainer reports it) holds ``max_consecutive`` or more; the
+    one decision for a local trainer and for the Ray trainer, whose rank 0 reports its streak.
+
+    >>> stop_if_exhausted([(3, 7, "non-finite loss (nan)")], 2)
+    >>> stop_if_exhausted([(3, 7, "non-finite loss (nan)"), (4, 8, "non-finite loss (nan)")], 2)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    rlvr.core.errors.TrainingStopped: 2 optimizer steps in a row were skipped ...began at rollout 3 (train step 7: ...
+    """
+    if len(streak) < max_consecutive:
+        return
+    first_rollout, first_step, reason = streak[0]
+    hint = f"; its samples: {where(first_rollout)}" if where is not None else ""
+    raise TrainingStopped(
+        f"{len(streak)} optimizer steps in a row were skipped (--max-consecutive-skipped-steps "
+        f"{max_consecutive}); the streak began at rollout {first_rollout} (train step {first_step}: "
+        f"{reason}){hint}. Inspect that rollout's rewards and responses, or lower --lr"
+    )

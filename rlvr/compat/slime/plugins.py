@@ -44,7 +44,9 @@ _NEGATED = {"rewards_normalization": "disable_rewards_normalization",
 
 
 class SlimeArgs:
-    """Read-only attribute view of config groups under slime's flag names.
+    """Read-only attribute view of config groups under slime's flag names. Built from a whole
+    ``Config`` it also answers the group names (``args.rollout`` is the rollout group) and
+    ``args.global_batch_size`` is the derived batch size (the run's, as slime's ``args`` has it).
 
     >>> from rlvr.config.algo import AlgoConfig
     >>> args = SlimeArgs(AlgoConfig(tis_clip=3.0))
@@ -59,9 +61,12 @@ class SlimeArgs:
     def __init__(self, *groups: Any):
         items: dict[str, Any] = {}
         for g in groups:
-            if is_dataclass(g) and hasattr(g, "algo"):  # a whole Config: every group
+            if is_dataclass(g) and hasattr(g, "algo"):  # a whole Config: every group, by field and by group
                 for sub in fields(g):
-                    items |= {f.name: getattr(getattr(g, sub.name), f.name) for f in fields(getattr(g, sub.name))}
+                    group = getattr(g, sub.name)
+                    items |= {f.name: getattr(group, f.name) for f in fields(group)}
+                items |= {sub.name: getattr(g, sub.name) for sub in fields(g)}
+                items["global_batch_size"] = g.global_batch_size
             else:
                 items |= {f.name: getattr(g, f.name) for f in fields(g)}
         items |= {slime: not items[ours] for slime, ours in _NEGATED.items() if ours in items}

@@ -1,6 +1,7 @@
-"""Seed 003's launch commands as ``rlvr`` command lines.
+"""The launch commands that go with the nested YAML config (``rlvr.compat.slime.seed_config``) as
+``rlvr`` command lines.
 
-The seed starts, resumes and exports with::
+They start, resume and export with::
 
     python -m slime.train --config FILE --experiment_name NAME --output_dir DIR
     python -m slime.train --config FILE --resume_from DIR/rollout_100
@@ -8,7 +9,7 @@ The seed starts, resumes and exports with::
 
 ``python -m rlvr.train`` and ``python -m rlvr.export_hf`` take the same flags; ``train_argv`` and
 ``export_argv`` turn them into ``rlvr train`` / ``rlvr export`` arguments (any other flag passes
-through as an rlvr flag). In the seed, checkpoints sit directly in ``--output_dir``
+through as an rlvr flag). With these commands, checkpoints sit directly in ``--output_dir``
 (``DIR/rollout_100``), so ``--output_dir DIR`` is both rlvr's run directory and its ``--save``;
 ``--resume_from DIR/rollout_N`` is ``--load`` of that checkpoint, continuing in ``DIR`` unless
 ``--output_dir`` says otherwise. ``--experiment_name`` names the run in TensorBoard
@@ -28,7 +29,7 @@ import argparse
 from pathlib import Path
 
 
-TRAIN_USAGE = """python -m rlvr.train: seed 003's flags, then every rlvr train flag (below)
+TRAIN_USAGE = """python -m rlvr.train: the nested config's command flags, then every rlvr train flag (below)
   --experiment_name NAME   the run's TensorBoard name (--tb-experiment-name)
   --output_dir DIR         run directory and checkpoints (--output-dir DIR --save DIR)
   --resume_from CKPT       resume from this rollout_N checkpoint (--load CKPT), in its directory
@@ -63,7 +64,7 @@ def export_argv(argv: list[str]) -> list[str]:
     an rlvr checkpoint (``rollout_N``, or a --save directory: its newest), which is already in
     Hugging Face format plus the optimizer state; export writes the model and tokenizer alone."""
     p = argparse.ArgumentParser(prog="python -m rlvr.export_hf", allow_abbrev=False,
-                                description="seed 003's export command: rlvr export CHECKPOINT OUT")
+                                description="the nested config's export command: rlvr export CHECKPOINT OUT")
     p.add_argument("--megatron_ckpt", required=True, help="a rollout_* checkpoint, or a --save directory (its newest)")
     p.add_argument("--output_dir", required=True, help="where the Hugging Face checkpoint is written")
     p.add_argument("--adapter-only", action="store_true", help="LoRA runs: the adapter alone (rlvr export)")

@@ -1,21 +1,21 @@
-"""Seed 003's nested YAML (its ``examples/grpo_math_7b.yaml``) onto rlvr's flat config fields.
+"""A nested YAML config for slime (``examples/slime_seed/grpo_math_7b.yaml``) onto rlvr's flat config fields.
 
-The seed drives slime with a file of seven groups: ``actor_rollout_ref.model.path``, ``training``,
+The file has seven groups: ``actor_rollout_ref.model.path``, ``training``,
 ``algorithm``, ``rollout``, ``distributed``, ``async_rollout`` and ``reward`` (a list of
 ``{type, weight}``). ``is_seed_schema`` recognises such a file by those groups; ``translate`` maps
 every field of it onto rlvr's fields and returns, besides the values, the lines to warn and the
 lines that refuse. It is a pure function: the few things it needs from the config (the fields
 the command line sets, the defaults) are passed in; ``read`` (what ``rlvr.config.parse`` calls)
-raises the refusals as one ``ConfigError`` and logs each warning. docs/slime_flags.md ("Seed
-003's YAML file and commands") is this module's table in prose, field by field.
+raises the refusals as one ``ConfigError`` and logs each warning. docs/slime_flags.md ("The
+nested YAML file and its commands") is this module's table in prose, field by field.
 
 Three choices are made here, each stated where it is made:
 
-* sizes the seed counts in prompts (``train_batch_size``, ``ppo_mini_batch_size``) become
+* sizes the file counts in prompts (``train_batch_size``, ``ppo_mini_batch_size``) become
   rlvr's sample counts (x ``group_size``), and ``train_batch_size`` must equal
-  ``ppo_mini_batch_size x gradient_accumulation`` (the seed's own numbers: 64 x 4 = 256);
+  ``ppo_mini_batch_size x gradient_accumulation`` (the example's own numbers: 64 x 4 = 256);
 * ``kl_coef`` is the KL *loss* coefficient (``--use-kl-loss --kl-loss-coef``), as slime's GRPO
-  recipes set it, and ``kl_type`` names follow slime's code, not the seed's table (``KL_TYPES``);
+  recipes set it, and ``kl_type`` names follow slime's code, not the schema's table (``KL_TYPES``);
 * a field with no meaning here is accepted at its neutral value with one line saying why, and
   refused with what to do otherwise, as ``rlvr.compat.slime.flags`` treats slime's flags.
 
@@ -41,7 +41,7 @@ from rlvr.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-# The seed's groups; the first five only a seed-003 file has (rlvr's grouped YAML also has
+# The nested file's groups; the first five only such a file has (rlvr's grouped YAML also has
 # ``rollout`` and ``reward``, as dicts of rlvr fields).
 SEED_GROUPS = ("actor_rollout_ref", "training", "algorithm", "rollout", "distributed", "async_rollout", "reward")
 _SEED_ONLY = ("actor_rollout_ref", "training", "algorithm", "distributed", "async_rollout")
@@ -73,7 +73,7 @@ RULED = ("training.train_batch_size", "training.ppo_mini_batch_size", "training.
          "async_rollout.concurrency", "reward")
 
 ALGORITHMS = {"ppo": "ppo", "grpo": "grpo", "reinforce++": "reinforce_plus_plus", "gspo": "gspo"}
-# The seed's kl_type names -> slime's --kl-loss-type. The seed's table writes r - 1 - log r under
+# The schema's kl_type names -> slime's --kl-loss-type. The schema's table writes r - 1 - log r under
 # "k1" and a third-order series under "k3"; slime's code (and rlvr.algo.kl) calls log r "k1" and
 # r - 1 - log r (r = p_ref / p) "k3". The names follow the code: a slime user's k1 run is a k1 run.
 KL_TYPES = {"kl_estimator_k1": "k1", "kl_estimator_k3": "k3", "token_level_kl": "token_level_kl"}
@@ -83,7 +83,7 @@ REWARDS = {"math_verify": "math", "format_check": "format"}  # other types are r
 
 @dataclass
 class SeedConfig:
-    """What a seed-003 file sets: flat ``{rlvr field: value}``, the seed key each came from, the
+    """What a nested file sets: flat ``{rlvr field: value}``, the file's key each came from, the
     lines to warn (accepted) and the lines that refuse (one per field)."""
 
     values: dict[str, Any] = field(default_factory=dict)
@@ -96,12 +96,12 @@ class SeedConfig:
 
 
 def is_seed_schema(raw: Mapping[str, Any]) -> bool:
-    """A file in seed 003's schema: one of its own groups, or ``reward`` as a list."""
+    """A file in the nested schema: one of its own groups, or ``reward`` as a list."""
     return any(k in raw for k in _SEED_ONLY) or isinstance(raw.get("reward"), list)
 
 
 def documented_keys() -> list[str]:
-    """Every seed field this module reads (docs/slime_flags.md lists each; a test checks)."""
+    """Every nested field this module reads (docs/slime_flags.md lists each; a test checks)."""
     return [*RENAMES, *RULED]
 
 
@@ -118,7 +118,7 @@ def _flatten(raw: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def translate(raw: Mapping[str, Any], path: str, given: Mapping[str, Any], defaults: Mapping[str, Any]) -> SeedConfig:
-    """The seed file ``raw`` (top level: seed groups only) as rlvr values. ``given`` holds the
+    """The nested file ``raw`` (top level: its groups only) as rlvr values. ``given`` holds the
     fields the command line sets (it overrides the file; the sizes counted in prompts use its
     ``n_samples_per_prompt``), ``defaults`` rlvr's defaults."""
     items, out = _flatten(raw), SeedConfig()
@@ -128,7 +128,7 @@ def translate(raw: Mapping[str, Any], path: str, given: Mapping[str, Any], defau
         elif key not in RULED:
             close = difflib.get_close_matches(key, documented_keys(), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            out.refused.append(f"{key}: not a field of seed 003's schema (docs/slime_flags.md){hint}")
+            out.refused.append(f"{key}: not a field of the nested slime schema (docs/slime_flags.md){hint}")
     group = given.get("n_samples_per_prompt", items.get("algorithm.group_size", defaults.get("n_samples_per_prompt")))
     _batch_sizes(items, out, group if isinstance(group, int) else None)
     _algorithm(items, out)
@@ -142,7 +142,7 @@ def read(raw: Mapping[str, Any], path: str, given: Mapping[str, Any], defaults: 
     """``translate``, then refuse (one ``ConfigError`` with a line per field) or warn (a line each)."""
     out = translate(raw, path, given, defaults)
     if out.refused:
-        raise ConfigError("--config", f"{path}: {len(out.refused)} field(s) of seed 003's schema that rlvr cannot "
+        raise ConfigError("--config", f"{path}: {len(out.refused)} field(s) of the nested slime schema that rlvr cannot "
                                       "run as written (docs/slime_flags.md):" + "".join(f"\n  {line}" for line in out.refused))
     for line in out.warnings:
         log.warning("%s: %s", path, line)
@@ -150,7 +150,7 @@ def read(raw: Mapping[str, Any], path: str, given: Mapping[str, Any], defaults: 
 
 
 def _int(items: Mapping[str, Any], key: str, out: SeedConfig) -> int | None:
-    """The seed field ``key`` as an int (None when absent; a refusal line when not an integer)."""
+    """The nested field ``key`` as an int (None when absent; a refusal line when not an integer)."""
     value = items.get(key)
     if value is None:
         return None
@@ -161,7 +161,7 @@ def _int(items: Mapping[str, Any], key: str, out: SeedConfig) -> int | None:
 
 
 def _batch_sizes(items: Mapping[str, Any], out: SeedConfig, group: int | None) -> None:
-    """The seed counts prompts: ``train_batch_size`` per optimizer step, made of
+    """The file counts prompts: ``train_batch_size`` per optimizer step, made of
     ``gradient_accumulation`` mini-batches of ``ppo_mini_batch_size`` (its comments; 64 x 4 = 256).
     rlvr counts samples: --global-batch-size and --micro-batch-size are those x the group size.
     A micro-batch only bounds memory (every one is normalised by the whole step's size)."""
@@ -191,7 +191,7 @@ def _batch_sizes(items: Mapping[str, Any], out: SeedConfig, group: int | None) -
 def _algorithm(items: Mapping[str, Any], out: SeedConfig) -> None:
     """``name`` -> --advantage-estimator; ``kl_coef`` -> the KL loss (slime's GRPO recipes:
     --use-kl-loss --kl-loss-coef; token_level_kl exists only as a loss term); ``kl_type`` by
-    slime's names, with one warning when the file uses the seed's (``KL_TYPES``)."""
+    slime's names, with one warning when the file uses the schema's (``KL_TYPES``)."""
     name = items.get("algorithm.name")
     if name is not None:
         out.set("advantage_estimator", ALGORITHMS.get(str(name), str(name)), "algorithm.name")
@@ -213,7 +213,7 @@ def _algorithm(items: Mapping[str, Any], out: SeedConfig) -> None:
 
 
 KL_WARNING = ("algorithm.kl_type {kl} is slime's --kl-loss-type {slime}: k1 = log(p/p_ref), k3 = r - 1 - log r with "
-              "r = p_ref/p (slime's code, rlvr.algo.kl). The seed's table gives k1 the formula r - 1 - log r, which is "
+              "r = p_ref/p (slime's code, rlvr.algo.kl). The schema's table gives k1 the formula r - 1 - log r, which is "
               "k3, and k3 a third-order series no estimator here computes; write kl_type: k3 for r - 1 - log r "
               "(docs/slime_flags.md)")
 
