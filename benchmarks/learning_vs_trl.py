@@ -69,11 +69,12 @@ def shared_settings(recipe: str) -> dict:
     c = parse_config(["--config", str(ROOT / recipe)])
     eps, eps_high = c.algo.clip_range()
     (_, test), *_ = c.eval.datasets()
-    return {"prompts": c.rollout_batch_size, "samples": c.n_samples_per_prompt, "max_len": c.rollout_max_response_len,
-            "temperature": c.rollout_temperature, "lr": c.lr, "kl_coef": c.kl_loss_coef if c.use_kl_loss else 0.0,
-            "eps": eps, "eps_high": eps_high, "clip_grad": c.clip_grad, "beta2": c.adam_beta2,
-            "chat": c.apply_chat_template, "model": str(c.hf_checkpoint), "data": str(c.prompt_data), "test": str(test),
-            "recompute": c.recompute_activations}
+    r, a, t = c.rollout, c.algo, c.train
+    return {"prompts": r.rollout_batch_size, "samples": r.n_samples_per_prompt, "max_len": r.rollout_max_response_len,
+            "temperature": r.rollout_temperature, "lr": t.lr, "kl_coef": a.kl_loss_coef if a.use_kl_loss else 0.0,
+            "eps": eps, "eps_high": eps_high, "clip_grad": t.clip_grad, "beta2": t.adam_beta2,
+            "chat": c.data.apply_chat_template, "model": str(t.hf_checkpoint), "data": str(c.data.prompt_data),
+            "test": str(test), "recompute": t.recompute_activations}
 
 
 def prepare(recipe: str) -> None:
