@@ -27,7 +27,8 @@ pytest.importorskip("vllm", reason="vLLM is not installed in this environment; `
 class Recorder:
     """A real aiohttp server on 127.0.0.1 that answers every POST and keeps (path with query, JSON body)."""
 
-    def __init__(self):
+    def __init__(self, missing: tuple[str, ...] = ()):
+        self.missing = missing  # routes answered 404, as a server that does not serve them
         self.calls: list[tuple[str, dict]] = []
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
@@ -50,6 +51,8 @@ class Recorder:
     async def _handle(self, request: web.Request) -> web.Response:
         body = await request.read()
         self.calls.append((request.path_qs, json.loads(body) if body else {}))
+        if request.path in self.missing:
+            return web.Response(status=404, text='{"detail":"Not Found"}')
         if request.path == "/v1/models":
             return web.json_response({"data": [{"id": "smollm2"}]})
         return web.json_response({"message": "ok"})
@@ -214,3 +217,21 @@ def test_weights_reach_a_cuda_vllm_server_over_nccl(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def test_an_adapter_push_to_servers_without_runtime_lora_says_how_to_start_them(tmp_path):
+    """vLLM registers /v1/load_lora_adapter only with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1: without it the
+    first adapter push (at version 0, at start-up) fails naming the flags the servers need."""
+    from rlvr.engine.vllm_http import VllmHttpEngine
+
+    server = Recorder(missing=("/v1/load_lora_adapter",))
+    try:
+        eng = VllmHttpEngine([server.url.removeprefix("http://")], weights_dir=str(tmp_path), lora_rank=4)
+        adapter = {"model.layers.0.self_attn.q_proj.lora_A.default.weight": torch.zeros(4, 8),
+                   "model.layers.0.self_attn.q_proj.lora_B.default.weight": torch.zeros(8, 4)}
+        with pytest.raises(RuntimeError, match="--enable-lora --max-lora-rank R .*VLLM_ALLOW_RUNTIME_LORA_UPDATING=1"):
+            eng.update_weights(adapter, version=0)
+        assert [p for p, _ in server.calls][-1] == "/resume"  # the server is not left paused
+        assert eng.models[server.url] == "smollm2"  # requests still name the base model
+    finally:
+        server.close()

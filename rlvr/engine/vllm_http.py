@@ -39,6 +39,7 @@ import json
 import logging
 import shutil
 import tempfile
+import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
@@ -167,8 +168,14 @@ class VllmHttpEngine:
     def _push_adapter(self, tensors: dict[str, torch.Tensor], version: int) -> None:
         """The adapter into every server in place (module docstring); requests name it from now on."""
         folder = write_adapter(self.weights_dir / f"v{version}", tensors, self.lora_alpha)
-        self._apply(folder, "/v1/load_lora_adapter", {"lora_name": LORA_NAME, "lora_path": str(folder),
-                                                      "load_inplace": True}, version)
+        try:
+            self._apply(folder, "/v1/load_lora_adapter", {"lora_name": LORA_NAME, "lora_path": str(folder),
+                                                          "load_inplace": True}, version)
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(
+                f"{e.url}: HTTP {e.code} {e.read().decode(errors='replace')[:300]}; with --lora-rank the vLLM servers "
+                "must run with --enable-lora --max-lora-rank R (R >= the adapter's rank) and "
+                "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 in their environment") from e
         self.models = {url: LORA_NAME for url in self.urls}
 
     def _apply(self, folder: Path, route: str, body: dict, version: int) -> None:

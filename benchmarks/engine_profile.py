@@ -1,0 +1,132 @@
+"""Where the embedded engine's time goes: ``torch.profiler`` over the workload of
+``benchmarks/vllm_engines.py`` (SmolLM2's chat prompts x 8 samples, long-tailed budgets, one call),
+its operators grouped into the decoder's linear layers (``aten::linear``/``mm``/``addmm``), attention
+(``scaled_dot_product_attention`` and its kernels), the output layer's sampling work
+(``softmax``/``log_softmax``/``multinomial``/``topk``/``sort``), element-wise and copy work, and the rest;
+what no operator covers is Python and the engine's scheduling. Then fp32 GEMM on the shapes of one
+decode step's linears (``--decode-batch`` rows), timed through ``torch.nn.functional.linear`` and
+through oneDNN's prepacked path (``torch.ops.mkldnn._reorder_linear_weight`` +
+``torch.ops.mkldnn._linear_pointwise``, what vLLM's CPU backend uses for its linears), so the
+profile's linear share can be read against what a prepacked kernel would take.
+
+    OMP_NUM_THREADS=1 python benchmarks/engine_profile.py --model models/smollm2-135m-instruct
+
+Ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+GROUPS = {  # operator name fragment -> group (first match wins, in this order)
+    "scaled_dot_product": "attention", "_flash_attention": "attention", "bmm": "attention", "baddbmm": "attention",
+    "linear": "linear", "addmm": "linear", "aten::mm": "linear", "matmul": "linear",
+    "softmax": "sampling", "multinomial": "sampling", "topk": "sampling", "sort": "sampling", "argmax": "sampling",
+    "exponential": "sampling", "gather": "sampling",
+    "copy": "copy/cat/index", "cat": "copy/cat/index", "index": "copy/cat/index", "stack": "copy/cat/index",
+    "mul": "element-wise", "add": "element-wise", "silu": "element-wise", "rsqrt": "element-wise", "pow": "element-wise",
+    "mean": "element-wise", "div": "element-wise", "neg": "element-wise", "cos": "element-wise", "sin": "element-wise",
+}
+
+
+def group_of(name: str) -> str:
+    return next((g for k, g in GROUPS.items() if k in name), "other ops")
+
+
+def gemm_rates(model, rows: int, repeats: int = 20) -> dict:
+    """fp32 GFLOP/s of one decode step's linears (every distinct weight shape of layer 0), plain and prepacked."""
+    import torch
+
+    layer = model.model.layers[0]
+    weights = [m.weight.detach() for m in layer.modules() if isinstance(m, torch.nn.Linear)]
+    out = {}
+    for path in ("plain", "onednn_prepacked"):
+        flops, secs = 0, 0.0
+        for w in weights:
+            x = torch.randn(rows, w.shape[1])
+            if path == "plain":
+                fn = lambda x=x, w=w: torch.nn.functional.linear(x, w)  # noqa: E731
+            else:
+                try:
+                    packed = torch.ops.mkldnn._reorder_linear_weight(w, rows)
+                    fn = lambda x=x, p=packed, w=w: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")  # noqa: E731
+                    fn()
+                except (RuntimeError, AttributeError) as e:
+                    out[path] = f"unavailable: {e}"
+                    break
+            fn()
+            t0 = time.perf_counter()
+            for _ in range(repeats):
+                fn()
+            secs += time.perf_counter() - t0
+            flops += 2 * rows * w.shape[0] * w.shape[1] * repeats
+        else:
+            out[path] = round(flops / secs / 1e9, 1)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="models/smollm2-135m-instruct")
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--median-len", type=int, default=48)
+    ap.add_argument("--max-len", type=int, default=192)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--decode-batch", type=int, default=64, help="rows of the GEMM comparison (requests decoding at once)")
+    args = ap.parse_args()
+    from common import chat_prompts, set_threads
+
+    set_threads(args.threads)
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import AutoTokenizer
+
+    from rlvr.engine.base import GenerateRequest, SamplingParams
+    from rlvr.engine.embedded import EmbeddedEngine
+    from rollout_throughput import N_SAMPLES, budgets
+
+    tok = AutoTokenizer.from_pretrained(args.model)
+    prompts = chat_prompts(tok, args.prompts)
+    lens = budgets(len(prompts) * N_SAMPLES, args.median_len, args.max_len)
+    engine = EmbeddedEngine(args.model, pad_token_id=tok.pad_token_id, seed=0, max_batch_size=512)
+    reqs = lambda ps, ls: [GenerateRequest(ps[i // N_SAMPLES], SamplingParams(temperature=1.0, max_new_tokens=n),  # noqa: E731
+                                           rid=str(i)) for i, n in enumerate(ls)]
+    engine.generate_sync(reqs(prompts[:2], lens[:16]))  # warm-up
+    t0, c0 = time.perf_counter(), time.process_time()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        engine.generate_sync(reqs(prompts, lens))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    by_group: dict[str, float] = defaultdict(float)
+    top = []
+    for e in prof.key_averages():
+        by_group[group_of(e.key)] += e.self_cpu_time_total / 1e6
+        top.append((e.self_cpu_time_total / 1e6, e.key, e.count))
+    ops = sum(by_group.values())
+    shares = {g: round(t / wall, 3) for g, t in sorted(by_group.items(), key=lambda kv: -kv[1])}
+    shares["python and scheduling (no operator)"] = round(max(wall - ops, 0.0) / wall, 3)
+    print(f"embedded engine, {sum(lens)} tokens in {wall:.1f} s wall ({sum(lens) / wall:.1f} tok/s, profiled), "
+          f"{cpu:.1f} s CPU; share of wall time:")
+    for g, x in shares.items():
+        print(f"  {g:<38} {x:6.1%}")
+    print("top operators by self CPU time:")
+    for t, k, n in sorted(top, reverse=True)[:12]:
+        print(f"  {k:<45} {t:7.2f} s  {n:7d} calls")
+    rates = gemm_rates(engine.model, args.decode_batch)
+    print(f"fp32 GEMM of a decode step's linears ({args.decode_batch} rows): plain {rates.get('plain')} GFLOP/s, "
+          f"oneDNN prepacked {rates.get('onednn_prepacked')} GFLOP/s")
+    engine.close()
+    print(json.dumps({"bench": "engine_profile", "threads": args.threads, "tokens": sum(lens), "wall_s": round(wall, 2),
+                      "cpu_s": round(cpu, 2), "shares": shares, "gemm_gflops": rates,
+                      "top": [{"op": k, "self_s": round(t, 2), "calls": n} for t, k, n in sorted(top, reverse=True)[:12]]}))
+
+
+if __name__ == "__main__":
+    main()
