@@ -24,8 +24,10 @@ def test_every_implementation_has_every_method():
     from rlvr.distributed.train_group import RayTrainer
 
     assert {"data_state", "rng_state", "health"} <= _methods(RolloutRole) and "save_hf" in _methods(TrainerRole)
+    from rlvr.runtime.colocate import Colocated
+
     for cls, protocol in ((Rollout, RolloutRole), (RayRollout, RolloutRole), (Trainer, TrainerRole),
-                          (RayTrainer, TrainerRole)):
+                          (RayTrainer, TrainerRole), (Colocated, TrainerRole)):
         assert [m for m in sorted(_methods(protocol)) if not callable(getattr(cls, m, None))] == [], cls
 
 

@@ -46,8 +46,22 @@ class Colocated:
         self.device = trainer.device
         reset_peak_memory(self.device)  # the first rollout phase starts now
 
-    def __getattr__(self, name: str):  # step, guard, model, save, load, ...: the trainer's own
-        return getattr(self.trainer, name)
+    # ---- the rest of the driver's protocol (rlvr.runtime.roles.TrainerRole): the trainer's own
+    @property
+    def step(self) -> int:
+        return self.trainer.step
+
+    def save(self, directory, tokenizer=None, extra: dict | None = None):
+        return self.trainer.save(directory, tokenizer, extra)
+
+    def load(self, directory) -> dict:
+        return self.trainer.load(directory)
+
+    def save_hf(self, tokenizer, directory):
+        return self.trainer.save_hf(tokenizer, directory)
+
+    def check_bad_steps(self, skipped_path) -> None:
+        self.trainer.check_bad_steps(skipped_path)
 
     def train(self, rollout_id: int, samples) -> dict[str, float]:
         rollout_peak = peak_memory_gb(self.device)  # the rollout phase that produced ``samples``
