@@ -81,11 +81,12 @@ VLLM_LOG = .cache/vllm-build.log
 
 test: setup-dev smollm2
 	$(PY) -m ruff check .
-	@mkdir -p .cache; $(MAKE) --no-print-directory vllm > $(VLLM_LOG) 2>&1 & build=$$!; \
-	  $(PY) -m pytest -q; rc=$$?; \
+	@mkdir -p .cache; ( t0=$$(date +%s); $(MAKE) --no-print-directory vllm; rc=$$?; \
+	  echo "make vllm: $$(( $$(date +%s) - t0 )) s wall"; exit $$rc ) > $(VLLM_LOG) 2>&1 & build=$$!; \
+	  $(PY) -m pytest -q --durations=20; rc=$$?; \
 	  wait $$build || { cat $(VLLM_LOG); echo "make test: make vllm failed (log above)"; exit 1; }; \
 	  cat $(VLLM_LOG); [ $$rc -eq 0 ] || exit $$rc
-	OMP_NUM_THREADS=1 $(if $(VLLM_OK),$(VPY),$(PY)) -m pytest -q tests/test_vllm*.py
+	OMP_NUM_THREADS=1 $(if $(VLLM_OK),$(VPY),$(PY)) -m pytest -q --durations=10 tests/test_vllm*.py
 
 ifeq ($(VLLM_OK),yes)
 $(VLLM_VENV)/.vllm:
