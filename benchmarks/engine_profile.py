@@ -9,7 +9,13 @@ through oneDNN's prepacked path (``torch.ops.mkldnn._reorder_linear_weight`` +
 ``torch.ops.mkldnn._linear_pointwise``, what vLLM's CPU backend uses for its linears), so the
 profile's linear share can be read against what a prepacked kernel would take.
 
-    OMP_NUM_THREADS=1 python benchmarks/engine_profile.py --model models/smollm2-135m-instruct
+``--compile``: instead of the profile, the same workload on an engine whose model has
+``--compile-layers``' regional compilation (``rlvr.train.trainer.compile_layers``: each decoder
+layer's MLP and norms, dynamic shapes; what the embedded engine runs when it shares a compiled
+trainer's module) against an eager one, in one run: the compiled engine's first call (the compile)
+and a second call, timed.
+
+    OMP_NUM_THREADS=1 python benchmarks/engine_profile.py --model models/smollm2-135m-instruct [--compile]
 
 Ends with one JSON line.
 """
@@ -82,6 +88,7 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=192)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--decode-batch", type=int, default=64, help="rows of the GEMM comparison (requests decoding at once)")
+    ap.add_argument("--compile", action="store_true", help="eager vs compiled decoder layers instead of the profile")
     args = ap.parse_args()
     from common import chat_prompts, set_threads
 
@@ -98,6 +105,8 @@ def main() -> None:
     lens = budgets(len(prompts) * N_SAMPLES, args.median_len, args.max_len)
     reqs = lambda ps, ls: [GenerateRequest(ps[i // N_SAMPLES], SamplingParams(temperature=1.0, max_new_tokens=n),  # noqa: E731
                                            rid=str(i)) for i, n in enumerate(ls)]
+    if args.compile:
+        return compare_compiled(args, EmbeddedEngine, tok, reqs(prompts, lens), sum(lens), reqs(prompts[:2], lens[:16]))
     warm = EmbeddedEngine(args.model, pad_token_id=tok.pad_token_id, seed=0, max_batch_size=512)
     warm.generate_sync(reqs(prompts[:2], lens[:16]))  # one-time set-up of the kernels, outside the profile
     warm.close()
@@ -139,6 +148,30 @@ def main() -> None:
     print(json.dumps({"bench": "engine_profile", "threads": args.threads, "tokens": sum(lens), "wall_s": round(wall, 2),
                       "cpu_s": round(cpu, 2), "shares": shares, "gemm_gflops": rates,
                       "top": [{"op": k, "self_s": round(t, 2), "calls": n} for t, k, n in sorted(top, reverse=True)[:12]]}))
+
+
+def compare_compiled(args, engine_cls, tok, work: list, tokens: int, warm: list) -> None:
+    """Eager and compiled engines on the same requests: (wall, CPU) of each call."""
+    from rlvr.train.trainer import compile_layers
+
+    row = {"bench": "engine_compile", "threads": args.threads, "tokens": tokens}
+    for name in ("eager", "compiled"):
+        engine = engine_cls(args.model, pad_token_id=tok.pad_token_id, seed=0, max_batch_size=512)
+        if name == "compiled":
+            compile_layers(engine.model)
+        calls = []
+        for label, requests in (("first call", warm), ("workload", work), ("workload again", work)):
+            t0, c0 = time.perf_counter(), time.process_time()
+            engine.generate_sync(requests)
+            calls.append({"call": label, "wall_s": round(time.perf_counter() - t0, 2),
+                          "cpu_s": round(time.process_time() - c0, 2)})
+        engine.close()
+        row[name] = calls
+        best = min(c["wall_s"] for c in calls[1:])
+        print(f"{name:>8}: first call {calls[0]['wall_s']:.1f} s (the compile, when compiled); workload "
+              f"{calls[1]['wall_s']:.1f} s then {calls[2]['wall_s']:.1f} s wall ({tokens / best:.1f} tok/s at best)",
+              flush=True)
+    print(json.dumps(row))
 
 
 if __name__ == "__main__":

@@ -148,6 +148,15 @@ def compile_layers(model: torch.nn.Module) -> int:
     return len(layers)
 
 
+def prepare_layers(model: torch.nn.Module, train) -> None:
+    """The decoder layers as ``--recompute-activations`` and ``--compile-layers`` ask."""
+    if train.recompute_activations:
+        enable_recompute(model)
+    if train.compile_layers:
+        log.info("--compile-layers: %s of %d decoder layers compiled (inductor, dynamic shapes)",
+                 "/".join(COMPILED_PARTS), compile_layers(model))
+
+
 @dataclass
 class RolloutTensors:
     """One rollout as the trainer's ``[B, width]`` tensors (B = every sample of the rollout; rows of
@@ -230,11 +239,7 @@ class Trainer:
         self.routing_replay = routing_replay.install(self.model, self.ref_model) if train.use_rollout_routing_replay else []
         self.exact_kl = needs_ref and algo.kl_loss_type == TOKEN_LEVEL_KL
         self.teacher = teacher  # --use-opd: rlvr.train.teacher.LoadedTeacher or ServedTeacher
-        if train.recompute_activations:
-            enable_recompute(self.model)
-        if train.compile_layers:
-            log.info("--compile-layers: %s of %d decoder layers compiled (inductor, dynamic shapes)",
-                     "/".join(COMPILED_PARTS), compile_layers(self.model))
+        prepare_layers(self.model, train)
         # Policy forwards go through the strategy's module (under --ray: DDP/FSDP2-wrapped, one rank).
         self.dp = parallel or SingleProcess()
         self.policy = self.dp.wrap(self.model)
