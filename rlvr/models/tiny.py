@@ -7,7 +7,7 @@ as they load a downloaded Qwen or Llama. Nothing is fetched from a hub.
 
 The tokenizer is byte-level BPE with no merges: every byte is one token (GPT-2's
 byte-to-unicode alphabet, so it round-trips spaces and newlines after reload — a plain
-character vocabulary does not under transformers 5, see shared/NOTES.md), plus the Qwen-style
+character vocabulary does not under transformers 5), plus the Qwen-style
 special tokens ``<|endoftext|>``, ``<|im_start|>``, ``<|im_end|>``. Digits are single tokens,
 which is what a tiny arithmetic learner wants.
 """
