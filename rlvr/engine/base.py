@@ -17,12 +17,15 @@ rollout, the driver calls the second at the end of the run.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping, Protocol, TypeVar
 
 import torch
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
+Handle = TypeVar("Handle")
 
 
 @dataclass(frozen=True)
@@ -105,3 +108,38 @@ class Engine(Protocol):
 
     @property
     def weight_version(self) -> int: ...
+
+
+# ---- engines that decode on a worker thread (the embedded engine, vLLM in process) -------------
+async def await_worker(submit: Callable[[Callable[[Any], None]], Handle], cancel: Callable[[Handle], None]):
+    """``submit(done)`` hands a call to the engine's worker thread, which calls ``done`` once with the
+    results or an exception; this awaits that outcome on the caller's event loop. If the awaiting task
+    is cancelled, ``cancel(handle)`` (``handle``: what ``submit`` returned) tells the worker to stop."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future = loop.create_future()
+    handle = submit(lambda outcome: loop.call_soon_threadsafe(_resolve, future, outcome))
+    try:
+        return await future
+    except asyncio.CancelledError:
+        cancel(handle)
+        raise
+
+
+def wait_worker(submit: Callable[[Callable[[Any], None]], Any]):
+    """``await_worker`` for callers without an event loop (tests, benchmarks): blocks until ``done``."""
+    box: list = []
+    event = threading.Event()
+    submit(lambda outcome: (box.append(outcome), event.set()))
+    event.wait()
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return box[0]
+
+
+def _resolve(future: asyncio.Future, outcome) -> None:
+    if future.done():  # cancelled by the caller
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)

@@ -57,13 +57,14 @@ import logging
 import threading
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 from typing import AsyncIterator, Callable, Iterable, Mapping
 
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from rlvr.engine import kv
-from rlvr.engine.base import GenerateRequest, GenerateResult, SamplingParams
+from rlvr.engine.base import GenerateRequest, GenerateResult, SamplingParams, await_worker, wait_worker
 from rlvr.engine.sampling import filter_logits, sample_next, top_log_probs
 from rlvr.models.moe import RoutingRecorder
 
@@ -199,19 +200,11 @@ class EmbeddedEngine:
     async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         if not requests:
             return []
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future = loop.create_future()
+        return await await_worker(partial(self._submit, requests), self._cancel)
 
-        def done(outcome):
-            loop.call_soon_threadsafe(_resolve, future, outcome)
-
-        call = self._submit(requests, done)
-        try:
-            return await future
-        except asyncio.CancelledError:
-            call.cancelled = True  # the worker aborts its rows at the next step
-            self._wake_worker()
-            raise
+    def _cancel(self, call: _Call) -> None:
+        call.cancelled = True  # the worker aborts its rows at the next step
+        self._wake_worker()
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateResult]:
         """``request``'s tokens as they are sampled: one increment per token (a ``GenerateResult``
@@ -240,20 +233,13 @@ class EmbeddedEngine:
                     yield GenerateResult(r.rid, [], [], r.finish_reason, r.weight_version, r.meta, [])
         finally:
             if not finished:  # the consumer stopped reading (client gone): abort the row
-                call.cancelled = True
-                self._wake_worker()
+                self._cancel(call)
 
     def generate_sync(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         """``generate`` for callers without an event loop (tests, benchmarks)."""
         if not requests:
             return []
-        box: list = []
-        event = threading.Event()
-        self._submit(requests, lambda outcome: (box.append(outcome), event.set()))
-        event.wait()
-        if isinstance(box[0], BaseException):
-            raise box[0]
-        return box[0]
+        return wait_worker(partial(self._submit, requests))
 
     def update_weights(
         self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int
@@ -749,15 +735,6 @@ def _to_host(tokens: torch.Tensor, log_probs: torch.Tensor) -> tuple[list[int], 
 def _hits_stop_string(tokenizer, tokens: list[int], stops: tuple[str, ...]) -> bool:
     text = tokenizer.decode(tokens, skip_special_tokens=True)
     return any(s in text for s in stops)
-
-
-def _resolve(future: asyncio.Future, outcome) -> None:
-    if future.done():  # cancelled by the caller
-        return
-    if isinstance(outcome, BaseException):
-        future.set_exception(outcome)
-    else:
-        future.set_result(outcome)
 
 
 __all__ = ["EmbeddedEngine", "SamplingParams", "filter_logits"]

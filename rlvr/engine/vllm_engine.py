@@ -40,7 +40,6 @@ arriving in the same steps. ``--deterministic-mode`` is refused with this engine
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import os
@@ -48,12 +47,13 @@ import shutil
 import tempfile
 import threading
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 import torch
 
-from rlvr.engine.base import FINISH_REASONS, GenerateRequest, GenerateResult, SamplingParams
+from rlvr.engine.base import FINISH_REASONS, GenerateRequest, GenerateResult, SamplingParams, await_worker, wait_worker
 from rlvr.engine.vllm_lora import LORA_ID, LORA_NAME, is_adapter, max_lora_rank, write_adapter
 
 log = logging.getLogger(__name__)
@@ -149,31 +149,17 @@ class VllmEngine:
     async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         if not requests:
             return []
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future = loop.create_future()
+        return await await_worker(partial(self._submit, requests), self._cancel)
 
-        def done(outcome):
-            loop.call_soon_threadsafe(_resolve, future, outcome)
-
-        rows = self._submit(requests, done)
-        try:
-            return await future
-        except asyncio.CancelledError:
-            for r in rows:
-                self.abort(r.vid)
-            raise
+    def _cancel(self, rows: list[_Req]) -> None:
+        for r in rows:
+            self.abort(r.vid)
 
     def generate_sync(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         """``generate`` for callers without an event loop (tests, benchmarks)."""
         if not requests:
             return []
-        box: list = []
-        event = threading.Event()
-        self._submit(requests, lambda outcome: (box.append(outcome), event.set()))
-        event.wait()
-        if isinstance(box[0], BaseException):
-            raise box[0]
-        return box[0]
+        return wait_worker(partial(self._submit, requests))
 
     def update_weights(
         self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int
@@ -415,11 +401,3 @@ def vllm_params(p: SamplingParams):
                               ignore_eos=not p.stop_token_ids, logprobs=p.top_logprobs_num,
                               detokenize=bool(p.stop), output_kind=RequestOutputKind.DELTA)
 
-
-def _resolve(future: asyncio.Future, outcome) -> None:
-    if future.done():
-        return
-    if isinstance(outcome, BaseException):
-        future.set_exception(outcome)
-    else:
-        future.set_result(outcome)
