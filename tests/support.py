@@ -371,3 +371,49 @@ def destroy_fence(fence: dict[str, Path]) -> set[int]:
                 sub.rmdir()
         d.rmdir()
     return left
+
+
+# ---- SmolLM2 against an engine (tests/test_vllm_engine.py, tests/test_vllm_server.py) ------------
+def chat_prompt_ids(model_dir: Path, question: str = "What is 12 + 30? Answer briefly.") -> list[int]:
+    """``question`` as one user turn through the model's chat template, ready for the assistant."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    return tok(tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                       tokenize=False))["input_ids"]
+
+
+def hf_log_probs(model, prompt: list[int], tokens: list[int], temperature: float):
+    """transformers' log softmax(logits / T) of each of ``tokens`` after ``prompt``."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float() / temperature
+    return logits.log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+
+
+def lora_policy(model_dir: Path, rank: int):
+    """The checkpoint with PEFT's LoRA layers of ``rank`` on every linear layer, in place under the HF
+    names, as the trainer wraps its model (``rlvr.train.lora.add_adapter``); B = 0 until
+    ``randomize_adapters``."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.train import lora
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    lora.add_adapter(model, SimpleNamespace(lora_adapter_path=None, target_modules=["all-linear"], lora_rank=rank,
+                                            lora_alpha=None, lora_dropout=0.0))
+    return model
+
+
+def randomize_adapters(model, generator) -> None:
+    """Every adapter tensor drawn anew from ``generator``: a visible effect, different on each call."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                p.copy_(torch.randn(p.shape, generator=generator) * (0.02 if ".lora_A." in name else 0.05))

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from rlvr.engine.base import GenerateRequest, SamplingParams
+from tests.support import chat_prompt_ids, hf_log_probs, lora_policy, randomize_adapters
 
 pytest.importorskip("vllm", reason="vLLM is not installed in this environment; `make vllm` builds .venv-vllm and "
                                    "`make test` runs tests/test_vllm*.py there")
@@ -41,18 +42,7 @@ def hf_model():
 
 @pytest.fixture(scope="module")
 def prompt():
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(SMOLLM2)
-    text = tok.apply_chat_template([{"role": "user", "content": "What is 12 + 30? Answer briefly."}],
-                                   add_generation_prompt=True, tokenize=False)
-    return tok(text)["input_ids"]
-
-
-def hf_log_probs(model, prompt: list[int], tokens: list[int], temperature: float) -> torch.Tensor:
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float() / temperature
-    return logits.log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+    return chat_prompt_ids(SMOLLM2)
 
 
 def test_samples_share_the_prompt_and_log_probs_match_transformers(engine, hf_model, prompt):
@@ -178,27 +168,17 @@ def test_lora_adapters_go_through_vllms_lora_route(prompt):
     """With ``lora_rank`` the trainer's adapter tensors (PEFT's LoRA layers, as ``--lora-rank`` wraps
     the model) are served by vLLM's LoRA route: its log-probs follow the PEFT model's, a second push
     replaces the adapter in place, and the base weights in vLLM never change."""
-    from types import SimpleNamespace
-
-    from transformers import AutoModelForCausalLM
-
     from rlvr.engine.vllm_engine import VllmEngine
     from rlvr.train import lora
 
-    train = SimpleNamespace(lora_adapter_path=None, target_modules=["all-linear"], lora_rank=8, lora_alpha=None,
-                            lora_dropout=0.0)
-    model = AutoModelForCausalLM.from_pretrained(SMOLLM2, dtype=torch.float32)
-    lora.add_adapter(model, train)  # in place, as the trainer's model: LoRA layers under the HF names
+    model = lora_policy(SMOLLM2, rank=8)
     eng = VllmEngine(SMOLLM2, seed=0, max_running_requests=8, kv_cache_gb=0.5, lora_rank=8)
     try:
         greedy = SamplingParams(temperature=0, max_new_tokens=12)
         (base,) = eng.generate_sync([GenerateRequest(list(prompt), greedy)])
         g = torch.Generator().manual_seed(0)
         for push in (1, 2):
-            with torch.no_grad():  # B = 0 at the start: give every adapter a visible, different effect
-                for name, p in model.named_parameters():
-                    if p.requires_grad:
-                        p.copy_(torch.randn(p.shape, generator=g) * (0.02 if ".lora_A." in name else 0.05))
+            randomize_adapters(model, g)
             weights = lora.adapter_weights(model)
             assert all(".lora_" in n for n in weights)  # adapters only: the base never travels
             eng.update_weights(weights, version=push)

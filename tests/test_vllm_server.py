@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ import torch
 
 from rlvr.engine.base import GenerateRequest, SamplingParams
 from rlvr.engine.sglang_http import health
+from tests.support import chat_prompt_ids, free_port, hf_log_probs, lora_policy, randomize_adapters
 
 pytest.importorskip("vllm", reason="vLLM is not installed in this environment; `make vllm` builds .venv-vllm and "
                                    "`make test` runs tests/test_vllm*.py there")
@@ -31,12 +31,6 @@ SMOLLM2 = Path(__file__).resolve().parents[1] / "models" / "smollm2-135m-instruc
 pytestmark = [pytest.mark.real, pytest.mark.slow,
               pytest.mark.skipif(not (SMOLLM2 / "config.json").exists(), reason="needs SmolLM2 (make smollm2)")]
 EOS = 2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -76,18 +70,7 @@ def engine(server):
 
 @pytest.fixture(scope="module")
 def prompt():
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(SMOLLM2)
-    text = tok.apply_chat_template([{"role": "user", "content": "What is 12 + 30? Answer briefly."}],
-                                   add_generation_prompt=True, tokenize=False)
-    return tok(text)["input_ids"]
-
-
-def hf_log_probs(model, prompt: list[int], tokens: list[int], temperature: float) -> torch.Tensor:
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float() / temperature
-    return logits.log_softmax(-1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+    return chat_prompt_ids(SMOLLM2)
 
 
 def test_server_samples_match_transformers_before_and_after_a_weight_push(engine, prompt):
@@ -134,26 +117,15 @@ def test_abort_ends_the_request_with_reason_abort(engine, prompt):
 def test_lora_adapter_push_is_served_through_the_lora_route(server, prompt):
     """A client with ``lora_rank`` sends full weights through the reload route and the trainer's
     adapter tensors through vLLM's LoRA route; the server's log-probs follow the PEFT model's."""
-    from types import SimpleNamespace
-
-    from transformers import AutoModelForCausalLM
-
     from rlvr.engine.vllm_http import VllmHttpEngine
     from rlvr.engine.vllm_lora import LORA_NAME
     from rlvr.train import lora
 
-    train = SimpleNamespace(lora_adapter_path=None, target_modules=["all-linear"], lora_rank=8, lora_alpha=None,
-                            lora_dropout=0.0)
-    model = AutoModelForCausalLM.from_pretrained(SMOLLM2, dtype=torch.float32)
-    lora.add_adapter(model, train)  # in place, as the trainer's model: LoRA layers under the HF names
+    model = lora_policy(SMOLLM2, rank=8)
     eng = VllmHttpEngine([server], timeout=300, lora_rank=8)
     try:
         eng.update_weights(lora.merged_weights(model), version=10)  # the checkpoint's base again (B = 0)
-        g = torch.Generator().manual_seed(1)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if p.requires_grad:
-                    p.copy_(torch.randn(p.shape, generator=g) * (0.02 if ".lora_A." in name else 0.05))
+        randomize_adapters(model, torch.Generator().manual_seed(1))
         eng.update_weights(lora.adapter_weights(model), version=11)
         assert set(eng.models.values()) == {LORA_NAME} and [p.name for p in eng.weights_dir.iterdir()] == ["v11"]
         (r,) = asyncio.run(eng.generate([GenerateRequest(list(prompt), SamplingParams(temperature=1.0, max_new_tokens=20))]))
