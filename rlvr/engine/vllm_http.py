@@ -53,7 +53,7 @@ from rlvr.engine.balance import Affinity
 from rlvr.engine.base import FINISH_REASONS, GenerateRequest, GenerateResult
 from rlvr.engine.sglang_http import health, parse_addr
 from rlvr.engine.vllm_lora import LORA_NAME, is_adapter, write_adapter
-from rlvr.engine.vllm_nccl import NcclWeightTransfer
+from rlvr.engine.vllm_nccl import NcclWeightTransfer, with_tied_head
 
 log = logging.getLogger(__name__)
 
@@ -155,10 +155,9 @@ class VllmHttpEngine:
         if self.lora_alpha is not None and is_adapter(tensors):
             self._push_adapter(tensors, version)
             return
-        if "model.embed_tokens.weight" in tensors and "lm_head.weight" not in tensors:
-            # a tied head: vLLM's CPU backend keeps its own copy (rlvr.engine.vllm_engine); an untied
-            # model's trainer always sends its head. safetensors stores no shared tensors: a copy.
-            tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+        # a tied head: vLLM's CPU backend keeps its own copy (rlvr.engine.vllm_engine); an untied
+        # model's trainer always sends its head
+        tensors = with_tied_head(tensors, copy=True)
         folder = self.weights_dir / f"v{version}"
         folder.mkdir(parents=True, exist_ok=True)
         save_file(tensors, str(folder / "model.safetensors"))

@@ -50,12 +50,15 @@ def choose_weight_transfer(requested: str, cuda: bool) -> str:
     return requested
 
 
-def with_tied_head(named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """The tensors in their order, with ``lm_head.weight`` after them for a tied head."""
+def with_tied_head(named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+                   copy: bool = False) -> dict[str, torch.Tensor]:
+    """The tensors in their order, with ``lm_head.weight`` after them for a tied head (the embeddings
+    themselves, or with ``copy`` a copy of them: safetensors stores no shared tensors)."""
     items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
     tensors = dict(items)
     if "model.embed_tokens.weight" in tensors and "lm_head.weight" not in tensors:
-        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
+        embed = tensors["model.embed_tokens.weight"]
+        tensors["lm_head.weight"] = embed.clone() if copy else embed
     return tensors
 
 

@@ -122,9 +122,7 @@ def lora_engines_merge(cfg: Config) -> bool:
     """Whether the engines take merged weights rather than LoRA adapters: SGLang-protocol servers
     and local mode's `rlvr serve` processes hold plain models; embedded engines (local or Ray actors)
     hold the LoRA-wrapped one, and vLLM serves the adapter through its LoRA route."""
-    e = cfg.engine
-    return not cfg.cluster.ray and e.rollout_engine != "vllm" and bool(e.rollout_external_engine_addrs
-                                                                      or e.uses_engine_processes)
+    return not cfg.cluster.ray and cfg.engine.rollout_engine != "vllm" and engine_starts_from_checkpoint(cfg)
 
 
 def vllm_lora(cfg: Config) -> dict:
