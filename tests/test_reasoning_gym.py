@@ -69,6 +69,46 @@ def test_spec_errors_name_the_task_and_the_field(tmp_path):
         assert message in str(e.value), (spec, str(e.value))
 
 
+def test_a_configuration_refused_only_while_generating_names_the_field(tmp_path):
+    """simple_equations builds a dataset from two operators without operators_weights; only its
+    first draw fails, inside random.choices: the spec check draws, and names the field."""
+    parse_spec("reasoning_gym:simple_equations?size=50")  # its defaults generate
+    refused = tmp_path / "refused.yaml"
+    refused.write_text("tasks:\n  chain_sum: {}\n  simple_equations: {config: {operators: ['+', '-'], min_terms: 2}}\n")
+    with pytest.raises(DataError) as e:
+        parse_spec(f"reasoning_gym:{refused}")
+    assert str(e.value) == (f"reasoning_gym:{refused}: task simple_equations: the generator refuses config field(s) "
+                            "['operators']: ValueError: The number of weights does not match the population")
+
+
+@pytest.mark.slow
+def test_a_refused_spec_stops_a_resumed_run_before_the_model_loads(tiny_qwen2, tmp_path):
+    """A run resumed (--load) with a spec its generator refuses fails in one line naming the
+    flag, the spec, the task, the field and reasoning-gym's message; the run's files and its
+    checkpoint are unchanged, and the run resumes with the spec mended."""
+    mix, weighted = tmp_path / "mix.yaml", "{operators: ['+', '-'], operators_weights: [0.5, 0.5]}"
+    mix.write_text(f"tasks:\n  chain_sum: {{config: {{min_terms: 2, max_terms: 2}}}}\n  simple_equations: "
+                   f"{{config: {weighted}}}\n")
+    run = tmp_path / "run"
+    assert (r := rlvr(*_args(tiny_qwen2, mix, run, 1, "--save", str(run / "ckpt")))).returncode == 0, r.stderr[-3000:]
+
+    def files():
+        return {p.relative_to(run): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+    before, resume = files(), _args(tiny_qwen2, mix, run, 2, "--save", str(run / "ckpt"), "--load", str(run / "ckpt"))
+    mix.write_text(mix.read_text().replace(weighted, "{operators: ['+', '-']}"))
+    refused = rlvr(*resume)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip().splitlines() == [
+        f"rlvr train: error: --prompt-data: reasoning_gym:{mix}: task simple_equations: the generator refuses config "
+        "field(s) ['operators']: ValueError: The number of weights does not match the population"]
+    assert files() == before
+    mix.write_text(mix.read_text().replace("{operators: ['+', '-']}", weighted))
+    resumed = rlvr(*resume)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [x["rollout/step"] for x in _records(run) if "rollout/step" in x] == [0, 1]
+
+
 def test_missing_package_is_one_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # what an install without the extra sees
     with pytest.raises(DataError, match=r"needs the reasoning-gym package: pip install 'rlvr\[tasks\]'"):

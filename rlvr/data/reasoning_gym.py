@@ -212,10 +212,41 @@ def check_task(text: str, t: TaskSpec, curriculum: bool) -> None:
         if owned:
             raise DataError(text, None, f"task {t.name}: config field(s) {sorted(owned)} are set by the curriculum "
                                         "level; drop them or drop 'level'/'curriculum'")
+    levels = range(t.level or 0, max_level(t.name) + 1) if curriculum else [t.level]
+    for level in levels:  # every level the curriculum can reach
+        refusal = generation_refusal(t.name, t.config, level)
+        if refusal is not None:
+            at = f" at curriculum level {level}" if level is not None else ""
+            culprit = refused_fields(t.name, t.config, level)
+            named = f"config field(s) {culprit}" if culprit else f"config {t.config}"
+            raise DataError(text, None, f"task {t.name}: the generator refuses {named}{at}: {refusal}")
+
+
+# The entries drawn to check a configuration: some generators refuse one only while generating
+# (simple_equations' ``operators`` without matching ``operators_weights`` fails inside
+# ``random.choices``), and a draw can pass by chance, so several are drawn.
+PROBE_DRAWS = 8
+
+
+def generation_refusal(name: str, config: dict, level: int | None) -> str | None:
+    """reasoning-gym's own message (``Type: text``) where building ``name``'s dataset from
+    ``config`` at ``level`` or drawing its first ``PROBE_DRAWS`` entries fails, else None.
+
+    Any exception counts: a generator's refusal is whatever its code raises."""
     try:
-        task_dataset(t.name, json.dumps(t.config, sort_keys=True), t.level or 0 if curriculum else t.level, 0, 1)
-    except (AssertionError, ValueError, TypeError) as e:
-        raise DataError(text, None, f"task {t.name}: the generator refuses config {t.config}: {e}") from None
+        dataset = task_dataset(name, json.dumps(config, sort_keys=True), level, 0, PROBE_DRAWS)
+        for index in range(PROBE_DRAWS):
+            dataset[index]
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def refused_fields(name: str, config: dict, level: int | None) -> list[str]:
+    """The fields of ``config`` each of which, set back to its default alone, makes the generator
+    accept the rest; none where no single field is to blame."""
+    return [key for key in sorted(config)
+            if generation_refusal(name, {k: v for k, v in config.items() if k != key}, level) is None]
 
 
 def curriculum_fields(name: str) -> set[str]:
@@ -387,7 +418,11 @@ class TaskStream(DataSource):
         for _ in range(10_000):
             chunk, index = divmod(self.tried[t.name], self.mix.size)
             seed = generator_seed(self.mix.seed, "train", t.name, level, chunk)
-            entry = task_dataset(t.name, config_json, level, seed, self.mix.size)[index]
+            try:
+                entry = task_dataset(t.name, config_json, level, seed, self.mix.size)[index]
+            except Exception as e:  # noqa: BLE001 - a generator's refusal is whatever its code raises
+                raise DataError(self.mix.text, None, f"task {t.name}: the generator refused config {t.config} at "
+                                f"level {level}, generator seed {seed}, entry {index}: {type(e).__name__}: {e}") from None
             self.tried[t.name] += 1
             if split_of(t.name, entry["question"]) == "train":
                 return _record(self.mix, t, level, seed, index, entry, position)
