@@ -285,6 +285,26 @@ def test_words_and_decorated_answers(response, label, expected, status):
     assert math_reward(sample) == expected
 
 
+# Replies that end on a bare yes/no, a value with a degree sign after "=", or an amount in cents (a
+# user's report, with a careful grader's verdict on each): the nine reported replies are credited.
+REPORTED = [
+    ("No.", "no"),
+    ("Removing them leaves unequal colors.\n\nNo, it cannot be done.", "\\text{no}"),
+    ("No, it is impossible.", "no"),
+    ("Yes, it is possible.", "\\text{yes}"),
+    ("So x = 90°", "90"),
+    ("Each exterior angle is 360° / 4 = **90°**", "90"),
+    ("x = 90°", "90^\\circ"),
+    ("Each pencil costs **40 cents**.", "0.4"),
+    ("The total is 40 cents.", "$0.40"),
+]
+
+
+@pytest.mark.parametrize("response,label", REPORTED)
+def test_reported_yes_no_degree_and_cents_replies_are_credited(response, label):
+    assert score("math", response, label) == 1.0
+
+
 def test_pathological_cases_are_graded_fast():
     import time
 
