@@ -305,6 +305,34 @@ def test_reported_yes_no_degree_and_cents_replies_are_credited(response, label):
     assert score("math", response, label) == 1.0
 
 
+# Each form of the reported replies credited beside its hedged, listed, questioning, truncated and
+# wrong-value twins, which get 0. Fields: response, label, expected, status, prompt.
+@pytest.mark.parametrize(
+    "response,label,expected,status,prompt",
+    [
+        # a degree sign after "=" or "is", bold or not, against labels with or without the unit
+        ("So x = 90°.", "90", 1, None, ""),
+        ("So x = 90^\\circ", "90", 1, None, ""),
+        ("So x = 90\\degree.", "90^\\circ", 1, None, ""),
+        ("So x = **90 degrees**.", "90", 1, None, ""),
+        ("The angle is **90°**", "90^\\circ", 1, None, ""),
+        ("So x = 90°", "\\frac{\\pi}{2}", 1, None, ""),  # a degree mark is pi/180
+        ("So x = 80° or 90°.", "90", 0, None, ""),  # hedged
+        ("So x = 90° or maybe 80°.", "90", 0, None, ""),
+        ("The angles are 60°, 90° and 90°.", "90", 0, None, ""),  # listed
+        ("So x = 90°?", "90", 0, None, ""),  # a question
+        ("So x = 90°", "90", 0, "truncated", ""),  # cut before it commits: "90°" may have gone on
+        ("Each exterior angle is 360° / 4 = **90°**", "90", 0, "truncated", ""),
+        ("So x = 80°", "90", 0, None, ""),  # wrong value
+        ("So x = 80°", "90^\\circ", 0, None, ""),
+        ("So the temperature is 90°C.", "\\frac{\\pi}{2}", 0, None, ""),  # a temperature is no angle
+    ],
+)
+def test_yes_no_degree_and_cents_forms(response, label, expected, status, prompt):
+    sample = Sample(prompt=prompt, prompt_ids=[], label=label, response=response, status=Status(status or "completed"))
+    assert math_reward(sample) == expected
+
+
 def test_pathological_cases_are_graded_fast():
     import time
 

@@ -7,7 +7,7 @@ not ``2.5 \\text{ g}``, and units of different kinds (``5 cm`` against ``5 \\tex
 A bare number is never converted: ``125`` against ``\\$1.25`` stays ``125`` (the label does not say
 the answer is in cents), and ``125 cents`` against a bare label ``1.25`` is not converted either.
 
-Angles: a degree mark (``^\\circ``, ``°``, "degrees") is the number ``\\pi/180``, so ``60^\\circ`` also
+Angles: a degree mark (``^\\circ``, ``°``, ``\\degree``, "degrees") is the number ``\\pi/180``, so ``60^\\circ`` also
 equals a label written in radians with ``\\pi`` (``\\frac{\\pi}{3}``), and ``\\frac{\\pi}{3}`` equals a
 label ``60^\\circ``. Against a bare label without ``\\pi`` the old reading stays (``60^\\circ`` = ``60``).
 A degree mark followed by C or F is a temperature, not an angle.
@@ -61,8 +61,11 @@ _TEXT_ONLY = {"m": ("length", Fraction(1)), "g": ("mass", Fraction(1)), "l": ("v
               "s": ("time", Fraction(1)), "h": ("time", Fraction(3600))}
 _IN_TEXT = re.compile(r"\\(?:text|mathrm|mbox|textrm|operatorname)\s*\{\s*~?\s*([A-Za-z¢]+)\s*\}\s*\.?\s*$")
 _WORD = re.compile(r"(?<=[\d}\s])\s*([A-Za-z]{2,}|¢)\s*\.?\s*$")
-_DEGREE = re.compile(r"\s*(?:\^\s*\{?\s*\\circ\s*\}?|°)\s*$")
-_TEMPERATURE = re.compile(r"(?:\^\s*\{?\s*\\circ\s*\}?|°)\s*(?:\\text\s*\{\s*)?[CF]\b")
+# A degree mark, in every form a response writes it: "°", "^\circ", "^{\circ}", "\degree".
+DEGREE_MARK = r"(?:\^\s*\{?\s*\\circ\s*\}?|°|\\degree(?![A-Za-z]))"
+_DEGREE = re.compile(rf"\s*{DEGREE_MARK}\s*$")
+# A degree mark followed by C or F: a temperature, never an angle.
+TEMPERATURE = re.compile(rf"{DEGREE_MARK}\s*(?:\\text\s*\{{\s*)?[CF]\b")
 _SEVERAL = re.compile(r"\b(?:or|and)\b|,(?!\d{3}(?!\d))|=.*=")  # a list or a hedge is no one quantity
 _MAYBE_UNIT = re.compile(r"[A-Za-z¢°]\s*\}?\s*\.?\s*\$?\s*$|\\\$|\\circ")  # cheap test before the real one
 _SCALE_OR_PERCENT = re.compile(r"thousand|million|billion|trillion|%|percent", re.IGNORECASE)
@@ -95,7 +98,7 @@ def quantity(text: str) -> Quantity | None:
         return None
     money = "\\$" in text
     s = text.replace("\\$", " ").replace("$", " ").strip()
-    if _SCALE_OR_PERCENT.search(s) or _TEMPERATURE.search(s):
+    if _SCALE_OR_PERCENT.search(s) or TEMPERATURE.search(s):
         return None
     found = _unit(s)
     if found is None:
