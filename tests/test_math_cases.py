@@ -326,6 +326,27 @@ def test_reported_yes_no_degree_and_cents_replies_are_credited(response, label):
         ("So x = 80°", "90", 0, None, ""),  # wrong value
         ("So x = 80°", "90^\\circ", 0, None, ""),
         ("So the temperature is 90°C.", "\\frac{\\pi}{2}", 0, None, ""),  # a temperature is no angle
+        # an amount in cents against the dollar label it names, and dollars against cents
+        ("Each pencil costs **40 cents**.", "\\$0.40", 1, None, ""),
+        ("So each pencil costs 40¢.", "0.4", 1, None, ""),
+        ("\\boxed{40 \\text{ cents}}", "0.40", 1, None, ""),
+        ("The total is $0.40.", "40 \\text{ cents}", 1, None, ""),  # dollars for a label in cents
+        ("The answer is \\$0.40.", "40 \\text{ cents}", 1, None, ""),
+        ("The total is 40 cents.", "40", 1, None, ""),  # a bare 40 counts cents: the unit is presentation
+        ("The total is $0.40.", "40", 0, None, ""),  # a bare label is never read as cents
+        ("\\boxed{40}", "0.4", 0, None, ""),  # a bare number is never converted
+        ("The total is 150 minutes.", "2.5", 0, None, ""),  # other units convert only where the label names one
+        ("So the total is 250 cents.", "2.5", 0, None, ""),  # a dollar or more: the label does not say dollars
+        ("Each pencil costs 40 cents or 50 cents.", "0.4", 0, None, ""),  # hedged
+        ("Each pencil costs 50 cents or 40 cents.", "0.4", 0, None, ""),
+        ("The pencils cost 30 cents, 50 cents and 40 cents.", "0.4", 0, None, ""),  # listed
+        ("Each pencil costs 40 cents?", "0.4", 0, None, ""),  # a question
+        ("Each pencil costs **40 cents**.", "0.4", 0, "truncated", ""),  # cut: no final statement
+        ("The total is 40 cents", "$0.40", 0, "truncated", ""),
+        ("Each pencil costs **50 cents**.", "0.4", 0, None, ""),  # wrong value
+        ("The total is 4 cents.", "$0.40", 0, None, ""),
+        ("The total is 40 cents.", "4", 0, None, ""),
+        ("The total is 40 kg.", "0.4", 0, None, ""),  # not money
     ],
 )
 def test_yes_no_degree_and_cents_forms(response, label, expected, status, prompt):

@@ -64,11 +64,11 @@ _NUMBER = re.compile(
 )
 _ELLIPSIS_AFTER_DECIMAL = re.compile(r"(\d\.\d+)\s*(?:\.{3}|…)")
 _UNIT_NAMES = "|".join(sorted(UNIT_WORDS, key=len, reverse=True))
-# A unit right after the last number of a final statement, a degree mark or a unit word ("90°", "350 cents"):
+# A unit right after the last number of a final statement, a mark or a unit word ("90°", "40¢", "350 cents"):
 # math_units converts it. A degree mark before C or F is a temperature ("30°C") and stays out.
-_UNIT_AFTER = re.compile(rf"\s*({DEGREE_MARK})(?!\s*(?:\\text\s*\{{\s*)?[CF]\b)|\s+({_UNIT_NAMES})\b", re.IGNORECASE)
+_UNIT_AFTER = re.compile(rf"\s*({DEGREE_MARK}|¢)(?!\s*(?:\\text\s*\{{\s*)?[CF]\b)|\s+({_UNIT_NAMES})\b", re.IGNORECASE)
 # The unit of the value before a gap ("80° or 90°", "50 cents and 40 cents"): no part of the connector's text.
-_UNIT_IN_GAP = re.compile(rf"^\s*(?:{DEGREE_MARK}|(?:{_UNIT_NAMES})\b)", re.IGNORECASE)
+_UNIT_IN_GAP = re.compile(rf"^\s*(?:{DEGREE_MARK}|¢|(?:{_UNIT_NAMES})\b)", re.IGNORECASE)
 _ENDS_IN_DEGREES = re.compile(rf"\d\s*{DEGREE_MARK}$")
 # Where an answer after a marker stops: a sentence end, a new line, or an explanation.
 _SENTENCE_END = re.compile(  # an ellipsis ("0.1666...") and "(mod 7)" do not end the answer
@@ -417,7 +417,7 @@ def _stated(sentence: str, values: list[tuple[int, int]]) -> str:
         return next(g for g in span.groups() if g is not None).strip()
     unit = _UNIT_AFTER.match(sentence, b)  # "350 cents", "90°": a unit math_units can convert
     suffix = (unit.group(1) or " " + unit.group(2)) if unit else ""
-    dollar = "\\$" if sentence[max(a - 2, 0) : a] == "\\$" else ""
+    dollar = "\\$" if sentence[max(a - 1, 0) : a] == "$" else ""  # "\$3.50", or "$0.40" outside math
     return dollar + sentence[a:b].replace(",", "") + suffix
 
 
