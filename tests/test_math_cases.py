@@ -310,6 +310,35 @@ def test_reported_yes_no_degree_and_cents_replies_are_credited(response, label):
 @pytest.mark.parametrize(
     "response,label,expected,status,prompt",
     [
+        # a last sentence that opens with yes or no, against every label form of the answer
+        ("No.", "No", 1, None, ""),
+        ("So the colours cannot be balanced.\n\n**No**, it cannot be done.", "\\text{No}", 1, None, ""),
+        ("Yes!", "\\text{Yes}", 1, None, ""),
+        ("Yes: every such graph has a cycle.", "yes", 1, None, ""),
+        ("No, it is not possible.", "no", 1, None, ""),  # "not" restates the no
+        ("No, it cannot be done.", "False", 1, None, "Can the board be tiled with these pieces?"),
+        ("Yes, 91 = 7 * 13 is composite.", "True", 1, None, "If n = 91, is n composite? Explain."),
+        ("So the answer is yes.", "True", 1, None, "Is 91 composite?"),  # a marker's yes for a True label
+        ("No, it cannot be done.", "False", 0, None, ""),  # no prompt: True/False is not read as yes/no
+        ("No, it cannot be done.", "False", 0, None, "How many tilings are there?"),
+        ("Yes, it is.", "True", 0, None, "Is 91 prime or composite?"),  # the question offers alternatives
+        ("No, or maybe yes.", "no", 0, None, ""),  # hedged
+        ("No, but it depends on n.", "no", 0, None, ""),
+        ("Yes, if n is even.", "yes", 0, None, ""),  # a condition
+        ("No, wait, it can be done.", "no", 0, None, ""),  # withdrawn
+        ("Yes or no.", "yes", 0, None, ""),  # listed
+        ("yes, no", "yes", 0, None, ""),
+        ("Yes, no.", "no", 0, None, ""),
+        ("No?", "no", 0, None, ""),  # a question
+        ("Is it possible? No?", "no", 0, None, ""),
+        ("No, it cannot be done.", "no", 0, "truncated", ""),  # cut: the reply never committed
+        ("No, it cannot", "no", 0, "truncated", ""),
+        ("No.", "yes", 0, None, ""),  # wrong answer
+        ("Yes, it is possible.", "no", 0, None, ""),
+        ("No.", "0", 0, None, ""),  # a yes/no reply against a numeric label
+        ("Yes, it is possible.", "1", 0, None, ""),
+        ("No one can do it.", "no", 0, None, ""),  # "No one" is no answer
+        ("The answer is 5.\n\nNo, it cannot be done.", "no", 0, None, ""),  # a marker committed to 5
         # a degree sign after "=" or "is", bold or not, against labels with or without the unit
         ("So x = 90°.", "90", 1, None, ""),
         ("So x = 90^\\circ", "90", 1, None, ""),
