@@ -285,6 +285,104 @@ def test_words_and_decorated_answers(response, label, expected, status):
     assert math_reward(sample) == expected
 
 
+# Replies that end on a bare yes/no, a value with a degree sign after "=", or an amount in cents (a
+# user's report, with a careful grader's verdict on each): the nine reported replies are credited.
+REPORTED = [
+    ("No.", "no"),
+    ("Removing them leaves unequal colors.\n\nNo, it cannot be done.", "\\text{no}"),
+    ("No, it is impossible.", "no"),
+    ("Yes, it is possible.", "\\text{yes}"),
+    ("So x = 90°", "90"),
+    ("Each exterior angle is 360° / 4 = **90°**", "90"),
+    ("x = 90°", "90^\\circ"),
+    ("Each pencil costs **40 cents**.", "0.4"),
+    ("The total is 40 cents.", "$0.40"),
+]
+
+
+@pytest.mark.parametrize("response,label", REPORTED)
+def test_reported_yes_no_degree_and_cents_replies_are_credited(response, label):
+    assert score("math", response, label) == 1.0
+
+
+# Each form of the reported replies credited beside its hedged, listed, questioning, truncated and
+# wrong-value twins, which get 0. Fields: response, label, expected, status, prompt.
+@pytest.mark.parametrize(
+    "response,label,expected,status,prompt",
+    [
+        # a last sentence that opens with yes or no, against every label form of the answer
+        ("No.", "No", 1, None, ""),
+        ("So the colours cannot be balanced.\n\n**No**, it cannot be done.", "\\text{No}", 1, None, ""),
+        ("Yes!", "\\text{Yes}", 1, None, ""),
+        ("Yes: every such graph has a cycle.", "yes", 1, None, ""),
+        ("No, it is not possible.", "no", 1, None, ""),  # "not" restates the no
+        ("No, it cannot be done.", "False", 1, None, "Can the board be tiled with these pieces?"),
+        ("Yes, 91 = 7 * 13 is composite.", "True", 1, None, "If n = 91, is n composite? Explain."),
+        ("So the answer is yes.", "True", 1, None, "Is 91 composite?"),  # a marker's yes for a True label
+        ("No, it cannot be done.", "False", 0, None, ""),  # no prompt: True/False is not read as yes/no
+        ("No, it cannot be done.", "False", 0, None, "How many tilings are there?"),
+        ("Yes, it is.", "True", 0, None, "Is 91 prime or composite?"),  # the question offers alternatives
+        ("No, or maybe yes.", "no", 0, None, ""),  # hedged
+        ("No, but it depends on n.", "no", 0, None, ""),
+        ("Yes, if n is even.", "yes", 0, None, ""),  # a condition
+        ("No, wait, it can be done.", "no", 0, None, ""),  # withdrawn
+        ("Yes or no.", "yes", 0, None, ""),  # listed
+        ("yes, no", "yes", 0, None, ""),
+        ("Yes, no.", "no", 0, None, ""),
+        ("No?", "no", 0, None, ""),  # a question
+        ("Is it possible? No?", "no", 0, None, ""),
+        ("No, it cannot be done.", "no", 0, "truncated", ""),  # cut: the reply never committed
+        ("No, it cannot", "no", 0, "truncated", ""),
+        ("No.", "yes", 0, None, ""),  # wrong answer
+        ("Yes, it is possible.", "no", 0, None, ""),
+        ("No.", "0", 0, None, ""),  # a yes/no reply against a numeric label
+        ("Yes, it is possible.", "1", 0, None, ""),
+        ("No one can do it.", "no", 0, None, ""),  # "No one" is no answer
+        ("The answer is 5.\n\nNo, it cannot be done.", "no", 0, None, ""),  # a marker committed to 5
+        # a degree sign after "=" or "is", bold or not, against labels with or without the unit
+        ("So x = 90°.", "90", 1, None, ""),
+        ("So x = 90^\\circ", "90", 1, None, ""),
+        ("So x = 90\\degree.", "90^\\circ", 1, None, ""),
+        ("So x = **90 degrees**.", "90", 1, None, ""),
+        ("The angle is **90°**", "90^\\circ", 1, None, ""),
+        ("So x = 90°", "\\frac{\\pi}{2}", 1, None, ""),  # a degree mark is pi/180
+        ("So x = 80° or 90°.", "90", 0, None, ""),  # hedged
+        ("So x = 90° or maybe 80°.", "90", 0, None, ""),
+        ("The angles are 60°, 90° and 90°.", "90", 0, None, ""),  # listed
+        ("So x = 90°?", "90", 0, None, ""),  # a question
+        ("So x = 90°", "90", 0, "truncated", ""),  # cut before it commits: "90°" may have gone on
+        ("Each exterior angle is 360° / 4 = **90°**", "90", 0, "truncated", ""),
+        ("So x = 80°", "90", 0, None, ""),  # wrong value
+        ("So x = 80°", "90^\\circ", 0, None, ""),
+        ("So the temperature is 90°C.", "\\frac{\\pi}{2}", 0, None, ""),  # a temperature is no angle
+        # an amount in cents against the dollar label it names, and dollars against cents
+        ("Each pencil costs **40 cents**.", "\\$0.40", 1, None, ""),
+        ("So each pencil costs 40¢.", "0.4", 1, None, ""),
+        ("\\boxed{40 \\text{ cents}}", "0.40", 1, None, ""),
+        ("The total is $0.40.", "40 \\text{ cents}", 1, None, ""),  # dollars for a label in cents
+        ("The answer is \\$0.40.", "40 \\text{ cents}", 1, None, ""),
+        ("The total is 40 cents.", "40", 1, None, ""),  # a bare 40 counts cents: the unit is presentation
+        ("The total is $0.40.", "40", 0, None, ""),  # a bare label is never read as cents
+        ("\\boxed{40}", "0.4", 0, None, ""),  # a bare number is never converted
+        ("The total is 150 minutes.", "2.5", 0, None, ""),  # other units convert only where the label names one
+        ("So the total is 250 cents.", "2.5", 0, None, ""),  # a dollar or more: the label does not say dollars
+        ("Each pencil costs 40 cents or 50 cents.", "0.4", 0, None, ""),  # hedged
+        ("Each pencil costs 50 cents or 40 cents.", "0.4", 0, None, ""),
+        ("The pencils cost 30 cents, 50 cents and 40 cents.", "0.4", 0, None, ""),  # listed
+        ("Each pencil costs 40 cents?", "0.4", 0, None, ""),  # a question
+        ("Each pencil costs **40 cents**.", "0.4", 0, "truncated", ""),  # cut: no final statement
+        ("The total is 40 cents", "$0.40", 0, "truncated", ""),
+        ("Each pencil costs **50 cents**.", "0.4", 0, None, ""),  # wrong value
+        ("The total is 4 cents.", "$0.40", 0, None, ""),
+        ("The total is 40 cents.", "4", 0, None, ""),
+        ("The total is 40 kg.", "0.4", 0, None, ""),  # not money
+    ],
+)
+def test_yes_no_degree_and_cents_forms(response, label, expected, status, prompt):
+    sample = Sample(prompt=prompt, prompt_ids=[], label=label, response=response, status=Status(status or "completed"))
+    assert math_reward(sample) == expected
+
+
 def test_pathological_cases_are_graded_fast():
     import time
 

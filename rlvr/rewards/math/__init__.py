@@ -23,7 +23,10 @@ options commits to none; for ``(C) 24`` the content alone (``\\boxed{24}``) also
 content written next to the letter must be the option's ("Option B: 24" gets 0), and so must a letter
 named beside a value ("24, which is option B" gets 0 for ``(C) 24``). Against a label that is only the
 value, a reading "(C) 24" is its value 24. A label that is a word or short name ("yes", "parabola") is
-also credited by a finished last sentence that ends by naming it ("... so the curve is a parabola.").
+also credited by a finished last sentence that ends by naming it ("... so the curve is a parabola."),
+and a yes/no label by one that opens with it and restates it ("No, it cannot be done."; "No, or
+maybe yes" qualifies it and gets 0). A True/False label is answered by yes/no only where the
+prompt's last question is a yes/no question ("Is 91 prime?"); without a prompt, it is not.
 
 Safety: only the last ``MAX_SCAN_CHARS`` of a response are searched; huge powers, towers,
 factorials and over-long answers never reach sympy. math-verify enforces its time limits with
@@ -228,14 +231,78 @@ def word_label(label: str) -> str | None:
     return plain.lower() if _WORD_LABEL.fullmatch(plain) and label_option(label) is None else None
 
 
+# The last question of a prompt: from the start of its sentence or line to its "?".
+_QUESTION = re.compile(r"[^.!?\n]*\?")
+_AUXILIARY = r"(?:is|are|was|were|am|do|does|did|can|could|will|would|shall|should|may|might|must|has|have|had)"
+# A yes/no question opens with an auxiliary verb, at its start or after a comma ("If n is even, is n^2 even?"),
+# does not open with a question word, and offers no alternatives ("Is 91 prime or composite?"; "or not" is none).
+_YES_NO_QUESTION = re.compile(
+    rf"(?!\s*(?:how|what|which|who|whom|whose|when|where|why)\b)(?:\s*|.*,\s*){_AUXILIARY}\b(?!.*\bor\b(?!\s+not\b))",
+    re.IGNORECASE | re.DOTALL)
+_YES_NO_OF = {"true": "yes", "false": "no"}
+
+
+def asks_yes_no(prompt: str) -> bool:
+    """Whether the prompt's last question is a yes/no question ("Is 91 prime?"); False without a question.
+
+    >>> asks_yes_no("Is 91 prime?"), asks_yes_no("If n is even, is n^2 even? Explain."), asks_yes_no("")
+    (True, True, False)
+    >>> asks_yes_no("Is 91 prime or composite?"), asks_yes_no("How many primes are there, are they odd?")
+    (False, False)
+    """
+    questions = _QUESTION.findall(prompt or "")
+    return bool(questions) and _YES_NO_QUESTION.match(questions[-1]) is not None
+
+
+def label_words(label: str, prompt: str) -> set[str]:
+    """The words that answer with ``label`` (``word_label``), and for a True/False label the yes or no
+    that answers the same yes/no question: True is "yes" only where the prompt asks a yes/no question.
+
+    >>> sorted(label_words("\\\\text{No}", "")), sorted(label_words("True", "Is 7 prime?")), sorted(label_words("True", ""))
+    (['no'], ['true', 'yes'], ['true'])
+    """
+    word = word_label(label)
+    if word is None:
+        return set()
+    return {word, _YES_NO_OF[word]} if word in _YES_NO_OF and asks_yes_no(prompt) else {word}
+
+
+# A sentence that opens with yes or no and then a comma, full stop, colon or dash: "No, it cannot be done."
+_OPENS_YES_NO = re.compile(r"(yes|no)(?:\s*[,.!:;]|\s+[-—–]\s|$)", re.IGNORECASE)
+# What follows the yes or no qualifies or withdraws it instead of restating it: a second answer ("yes, no"),
+# an alternative, a condition, doubt or a correction ("No, or maybe yes", "Yes, if n is even", "No, wait").
+_QUALIFIED = re.compile(
+    r"^\W*no\b|\b(?:yes|or|either|if|unless|but|whether|depend\w*|maybe|perhaps|possibly|probably|likely|might|"
+    r"not sure|unsure|unclear|wait|actually|hmm|let|check\w*|suppose|assum\w*)\b", re.IGNORECASE)
+
+
+def _yes_no(sentence: str) -> str | None:
+    """"yes" or "no" when ``sentence`` opens with it and the rest restates it, else None.
+
+    >>> _yes_no("No, it cannot be done"), _yes_no("Yes"), _yes_no("No, or maybe yes"), _yes_no("Yes, no, maybe")
+    ('no', 'yes', None, None)
+    >>> _yes_no("No one can do it"), _yes_no("Yes, if n is even"), _yes_no("No, it is not possible")
+    (None, None, 'no')
+    """
+    m = _OPENS_YES_NO.match(sentence)
+    if m is None or _QUALIFIED.search(sentence[m.end(1) :]):
+        return None
+    return m.group(1).lower()
+
+
 def named_in_last_sentence(response: str, truncated: bool) -> str | None:
-    """The word or short name that a finished response ends by stating ("... the curve is a parabola."),
-    in lower case; None for a cut response, a list, a hedge or a negation ("is not a", "is either").
+    """The word or short name that a finished response ends by stating ("... the curve is a parabola.",
+    or a last sentence that opens with yes or no: "No, it cannot be done."), in lower case; None for a
+    cut response, a question, a list, a hedge or a negation ("is not a", "is either", "No, or maybe yes").
 
     >>> named_in_last_sentence("Since B^2 - 4AC = 0, the curve is a parabola.", False)
     'parabola'
     >>> named_in_last_sentence("It is a circle, ellipse, or parabola.", False) is None
     True
+    >>> named_in_last_sentence("Removing them leaves unequal colors.\\n\\n**No**, it cannot be done.", False)
+    'no'
+    >>> named_in_last_sentence("No?", False), named_in_last_sentence("No, it cannot be done.", True)
+    (None, None)
     """
     _, final = split_thinking(response)
     if final is None or truncated:
@@ -244,6 +311,9 @@ def named_in_last_sentence(response: str, truncated: bool) -> str | None:
     if not tail.endswith((".", "!")):
         return None
     sentence = re.split(r"(?<=[.!?])\s+|\n", tail.rstrip(".!").rstrip())[-1]
+    plain = _plain(sentence.replace("*", "")).strip()
+    if _OPENS_YES_NO.match(plain):
+        return _yes_no(plain)
     if _TENTATIVE.search(sentence):
         return None  # "Let me check whether the curve is a parabola.": a question, not an answer
     m = _NAMED_THING.search(_plain(sentence.replace("*", "")).strip())
@@ -302,11 +372,13 @@ def grade_math(sample: Sample, opts: MathOptions = DEFAULT) -> float:
     values = [v for v in map(_without_option_letter, readings) if v]  # "(C) 24" for the label 24
     if any(is_equivalent(v, label, opts) for v in values):
         return 1.0
-    word = word_label(label)  # "... so the curve is a parabola." for the label parabola
-    if word and named_in_last_sentence(sample.response, truncated) == word:
-        # the name ends the last sentence, so it is the answer unless a box or marker committed to another
-        return 0.0 if final_answers(sample.response, truncated, fallback=False) else 1.0
-    return 0.0
+    words = label_words(label, sample.prompt)  # "... the curve is a parabola." for parabola; "No, it cannot."
+    if not words:
+        return 0.0
+    committed = final_answers(sample.response, truncated, fallback=False)
+    if committed:  # a box or marker committed to an answer: it is the answer ("The answer is yes." for True)
+        return 1.0 if any(word_label(r) in words for r in committed) else 0.0
+    return 1.0 if named_in_last_sentence(sample.response, truncated) in words else 0.0
 
 
 @inline  # cheap pure CPU: runs on the event-loop thread, where math-verify's alarm works

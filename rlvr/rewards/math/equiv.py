@@ -59,7 +59,7 @@ from rlvr.rewards.math.forms import (
     repeating_to_fraction,
     same_curve,
 )
-from rlvr.rewards.math.units import in_common_unit
+from rlvr.rewards.math.units import DEGREE_MARK, in_common_unit
 from rlvr.rewards.math.words import spelled_answer, words_to_set
 
 MAX_ANSWER_CHARS = 400  # a longer "answer" is compared as a string only
@@ -91,7 +91,7 @@ _TRAILING_WORDS = re.compile(
     r"(?<=[\d})])\s*(?:[A-Za-z]{2,}|[A-Za-z]+/[A-Za-z]+)(?:\s+(?:[A-Za-z]{2,}|[A-Za-z]+/[A-Za-z]+))*"
     r"\s*(?:\^\s*\{?\d\}?)?$"
 )
-_DEGREES = re.compile(r"\^\s*\{?\\circ\}?|°")
+_DEGREES = re.compile(DEGREE_MARK)
 _THOUSANDS = re.compile(r"-?\d{1,3}(?:(?:,|\{,\}| )\d{3})+(?:\.\d+)?")
 _TEX_SPACE = re.compile(r"(?<!\\)\\[,;: !]|~")
 _SCIENTIFIC = re.compile(r"(-?\d+(?:\.\d+)?)[eE]([+-]?\d+)")

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import re
 
-from rlvr.rewards.math.units import UNIT_WORDS
+from rlvr.rewards.math.units import DEGREE_MARK, UNIT_WORDS
 from rlvr.rewards.math.words import (
     set_phrase_at,
     spell_numbers,
@@ -63,8 +63,13 @@ _NUMBER = re.compile(
     r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:\s+\d+/\d+|/\d+)?%?(?:\\ldots)?(?:\s*\(\s*mod\s+\d+\s*\))?"
 )
 _ELLIPSIS_AFTER_DECIMAL = re.compile(r"(\d\.\d+)\s*(?:\.{3}|…)")
-# A unit word right after the last number of a final statement ("350 cents"): math_units converts it.
-_UNIT_AFTER = re.compile(r"\s+({})\b".format("|".join(sorted(UNIT_WORDS, key=len, reverse=True))), re.IGNORECASE)
+_UNIT_NAMES = "|".join(sorted(UNIT_WORDS, key=len, reverse=True))
+# A unit right after the last number of a final statement, a mark or a unit word ("90°", "40¢", "350 cents"):
+# math_units converts it. A degree mark before C or F is a temperature ("30°C") and stays out.
+_UNIT_AFTER = re.compile(rf"\s*({DEGREE_MARK}|¢)(?!\s*(?:\\text\s*\{{\s*)?[CF]\b)|\s+({_UNIT_NAMES})\b", re.IGNORECASE)
+# The unit of the value before a gap ("80° or 90°", "50 cents and 40 cents"): no part of the connector's text.
+_UNIT_IN_GAP = re.compile(rf"^\s*(?:{DEGREE_MARK}|¢|(?:{_UNIT_NAMES})\b)", re.IGNORECASE)
+_ENDS_IN_DEGREES = re.compile(rf"\d\s*{DEGREE_MARK}$")
 # Where an answer after a marker stops: a sentence end, a new line, or an explanation.
 _SENTENCE_END = re.compile(  # an ellipsis ("0.1666...") and "(mod 7)" do not end the answer
     r"(?<!\.)\.(?:\s|$)|\n|;|,\s+(?=[a-z]{2,})|\s+\((?!\w\)|\s*mod\b)|"
@@ -176,7 +181,10 @@ def is_connector(gap: str) -> bool:
 
     >>> is_connector("$ or $x = "), is_connector(", "), is_connector(".\\n(b) The second is ")
     (True, True, False)
+    >>> is_connector("° or "), is_connector(" cents and "), is_connector("° / 4 = **")
+    (True, True, False)
     """
+    gap = _UNIT_IN_GAP.sub("", gap, count=1)  # "° or ", " cents and ": the first value's unit, then the connector
     return len(gap) <= 40 and _CONNECTOR.fullmatch(_GAP_NOISE.sub("", gap)) is not None
 
 
@@ -324,12 +332,14 @@ def _ends_a_statement(text: str) -> bool:
 
     >>> _ends_a_statement("So 23 marbles."), _ends_a_statement("so 7 people"), _ends_a_statement("3x = 15 and")
     (True, True, False)
+    >>> _ends_a_statement("So x = 90°"), _ends_a_statement("so the angle is 90^\\\\circ"), _ends_a_statement("So x = 90°?")
+    (True, True, False)
     """
     tail = text.rstrip("*").rstrip()
     if not tail:
         return False
-    if tail[-1] in ".!$}])0123456789…" or tail.endswith("\\)") or tail.endswith("\\]"):
-        return True
+    if tail[-1] in ".!$}])0123456789…" or tail.endswith("\\)") or tail.endswith("\\]") or _ENDS_IN_DEGREES.search(tail):
+        return True  # a full stop, a number, closed math, or a number with its degree mark ("So x = 90°")
     if re.search(r"[-+*/^]\s*[A-Za-z]$", tail):
         return True  # an expression that ends in a variable: "... simplifies to (x + 1)/x"
     words = re.match(r".*\d((?:\s+[A-Za-z]+){1,3})$", tail[-80:], re.DOTALL)
@@ -405,9 +415,10 @@ def _stated(sentence: str, values: list[tuple[int, int]]) -> str:
     span = _MATH_SPAN.fullmatch(sentence[a:b])
     if span:
         return next(g for g in span.groups() if g is not None).strip()
-    unit = _UNIT_AFTER.match(sentence, b)  # "350 cents": a unit math_units can convert
-    dollar = "\\$" if sentence[max(a - 2, 0) : a] == "\\$" else ""
-    return dollar + sentence[a:b].replace(",", "") + (" " + unit.group(1) if unit else "")
+    unit = _UNIT_AFTER.match(sentence, b)  # "350 cents", "90°": a unit math_units can convert
+    suffix = (unit.group(1) or " " + unit.group(2)) if unit else ""
+    dollar = "\\$" if sentence[max(a - 1, 0) : a] == "$" else ""  # "\$3.50", or "$0.40" outside math
+    return dollar + sentence[a:b].replace(",", "") + suffix
 
 
 # Where a set in words ends: an explanation, or a new clause after a comma.

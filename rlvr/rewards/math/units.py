@@ -6,8 +6,12 @@ equals the label ``\\$1.25`` and ``150`` minutes equals ``2.5 \\text{ hours}``, 
 not ``2.5 \\text{ g}``, and units of different kinds (``5 cm`` against ``5 \\text{ kg}``) are unequal.
 A bare number is never converted: ``125`` against ``\\$1.25`` stays ``125`` (the label does not say
 the answer is in cents), and ``125 cents`` against a bare label ``1.25`` is not converted either.
+One exception: a whole number of cents under 100 against a bare label between 0 and 1 is read in
+dollars (``40 cents`` = ``0.4``), as amounts under a dollar are the ones said in cents. A ``$`` that
+opens a label or answer before a number, with no second ``$`` to close it as math, is a dollar sign
+(``$0.40``).
 
-Angles: a degree mark (``^\\circ``, ``°``, "degrees") is the number ``\\pi/180``, so ``60^\\circ`` also
+Angles: a degree mark (``^\\circ``, ``°``, ``\\degree``, "degrees") is the number ``\\pi/180``, so ``60^\\circ`` also
 equals a label written in radians with ``\\pi`` (``\\frac{\\pi}{3}``), and ``\\frac{\\pi}{3}`` equals a
 label ``60^\\circ``. Against a bare label without ``\\pi`` the old reading stays (``60^\\circ`` = ``60``).
 A degree mark followed by C or F is a temperature, not an angle.
@@ -61,9 +65,14 @@ _TEXT_ONLY = {"m": ("length", Fraction(1)), "g": ("mass", Fraction(1)), "l": ("v
               "s": ("time", Fraction(1)), "h": ("time", Fraction(3600))}
 _IN_TEXT = re.compile(r"\\(?:text|mathrm|mbox|textrm|operatorname)\s*\{\s*~?\s*([A-Za-z¢]+)\s*\}\s*\.?\s*$")
 _WORD = re.compile(r"(?<=[\d}\s])\s*([A-Za-z]{2,}|¢)\s*\.?\s*$")
-_DEGREE = re.compile(r"\s*(?:\^\s*\{?\s*\\circ\s*\}?|°)\s*$")
-_TEMPERATURE = re.compile(r"(?:\^\s*\{?\s*\\circ\s*\}?|°)\s*(?:\\text\s*\{\s*)?[CF]\b")
+# A degree mark, in every form a response writes it: "°", "^\circ", "^{\circ}", "\degree".
+DEGREE_MARK = r"(?:\^\s*\{?\s*\\circ\s*\}?|°|\\degree(?![A-Za-z]))"
+_DEGREE = re.compile(rf"\s*{DEGREE_MARK}\s*$")
+# A degree mark followed by C or F: a temperature, never an angle.
+TEMPERATURE = re.compile(rf"{DEGREE_MARK}\s*(?:\\text\s*\{{\s*)?[CF]\b")
 _SEVERAL = re.compile(r"\b(?:or|and)\b|,(?!\d{3}(?!\d))|=.*=")  # a list or a hedge is no one quantity
+# A dollar sign: "\\$", or a "$" that opens the text before a number and no second "$" closes as math ("$0.40").
+_DOLLAR_SIGN = re.compile(r"\\\$|^\s*\$(?=\s*-?\d)(?!.*\$)", re.DOTALL)
 _MAYBE_UNIT = re.compile(r"[A-Za-z¢°]\s*\}?\s*\.?\s*\$?\s*$|\\\$|\\circ")  # cheap test before the real one
 _SCALE_OR_PERCENT = re.compile(r"thousand|million|billion|trillion|%|percent", re.IGNORECASE)
 
@@ -90,12 +99,14 @@ def quantity(text: str) -> Quantity | None:
     Quantity(core='60', kind='angle', factor=Fraction(1, 1))
     >>> quantity("12"), quantity("5 \\\\text{ million}"), quantity("30^\\\\circ C"), quantity("3 apples")
     (None, None, None, None)
+    >>> quantity("$0.40"), quantity("$0.40$")
+    (Quantity(core='0.40', kind='money', factor=Fraction(1, 1)), None)
     """
-    if not _MAYBE_UNIT.search(text):
+    money = _DOLLAR_SIGN.search(text) is not None
+    if not money and not _MAYBE_UNIT.search(text):
         return None
-    money = "\\$" in text
     s = text.replace("\\$", " ").replace("$", " ").strip()
-    if _SCALE_OR_PERCENT.search(s) or _TEMPERATURE.search(s):
+    if _SCALE_OR_PERCENT.search(s) or TEMPERATURE.search(s):
         return None
     found = _unit(s)
     if found is None:
@@ -131,6 +142,22 @@ def _scaled(core: str, factor: Fraction) -> str:
     return f"\\frac{{{factor.numerator}}}{{{factor.denominator}}}\\cdot({core})"
 
 
+def _cents_as_dollars(cents: Quantity, label: str) -> tuple[str, str] | None:
+    """``(dollars, label)`` for a whole number of cents under 100 against a bare label between 0 and 1,
+    else None. Amounts under a dollar are the ones said in cents ("40 cents" for a label ``0.4``); a bare
+    label of a dollar or more is not read as dollars (``125 cents`` against ``1.25`` stays unconverted).
+
+    >>> _cents_as_dollars(quantity("40 cents"), "0.4"), _cents_as_dollars(quantity("125 cents"), "1.25")
+    (('\\\\frac{2}{5}', '0.4'), None)
+    """
+    value, dollars = _exact(cents.core), _exact(label)
+    if cents.kind != "money" or cents.factor != Fraction(1, 100) or value is None or dollars is None:
+        return None
+    if value.denominator != 1 or not 0 < value < 100 or not 0 < dollars < 1:
+        return None
+    return _scaled(cents.core, cents.factor), label
+
+
 def in_common_unit(answer: str, label: str) -> tuple[str, str] | bool | None:
     """Both sides in one unit, as ``(answer, label)`` to compare; False when the units cannot be the
     same quantity; None when this module has no opinion (a bare number on either side, same unit).
@@ -141,6 +168,9 @@ def in_common_unit(answer: str, label: str) -> tuple[str, str] | bool | None:
     (False, ('\\\\frac{\\\\pi}{180}\\\\cdot(60)', '\\\\frac{\\\\pi}{3}'))
     """
     qa, qg = quantity(answer), quantity(label)
+    dollars = _cents_as_dollars(qa, label) if qa is not None and qg is None else None
+    if dollars is not None:
+        return dollars
     if qa is not None and qg is not None:
         if qa.kind != qg.kind:
             return False
