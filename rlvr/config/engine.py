@@ -2,10 +2,10 @@
 ``engine`` group of the typed config).
 
 Local mode samples with the embedded engine in the training process (or vLLM's engine with
-``--rollout-engine vllm``, ``rlvr.engine.vllm_engine``), unless
+``--rollout-engine vllm``, ``rlvr.engine.local.vllm``), unless
 ``--rollout-external-engine-addrs`` names SGLang-protocol servers (``HttpEngine``), or
 ``--rollout-num-engines`` > 1 / ``--use-fault-tolerance`` asks for ``rlvr serve`` processes under the
-engine supervisor (``rlvr.engine.supervisor``). Under ``--ray`` the engines are actors, supervised
+engine supervisor (``rlvr.engine.remote.supervisor``). Under ``--ray`` the engines are actors, supervised
 by the same supervisor with ``--use-fault-tolerance``. The supervisor takes this group whole
 (``EngineSupervisor.settings``), not fields unpacked by the caller. Flag names are slime's.
 """

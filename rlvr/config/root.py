@@ -188,7 +188,7 @@ class Config:
                 raise ConfigError(flag, f"with --colocate: {why}")
 
     def _validate_vllm(self) -> None:
-        """What the in-process vLLM engine (``rlvr.engine.vllm_engine``) cannot do, refused before it starts."""
+        """What the in-process vLLM engine (``rlvr.engine.local.vllm``) cannot do, refused before it starts."""
         refused = [
             ("--ray", self.cluster.ray, "Ray's engine actors are embedded engines; drop --ray"),
             ("--colocate", self.cluster.colocate, "vLLM cannot release its weights on CPU (its sleep mode is a no-op "

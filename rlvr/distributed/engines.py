@@ -9,7 +9,7 @@ that group under the engine supervisor (``--use-fault-tolerance``).
   An actor failure stops the run.
 * With ``--use-fault-tolerance`` the manager's group is a ``TolerantEngineGroup``. The policy --
   health checks, re-issue, restart with the newest weights, restart budget, the metrics -- is
-  ``rlvr.engine.supervisor.EngineSupervisor``'s, the same code local mode runs over ``rlvr serve``
+  ``rlvr.engine.remote.supervisor.EngineSupervisor``'s, the same code local mode runs over ``rlvr serve``
   processes. What is Ray's:
 * ``RayActors``, the supervisor's transport over ``EngineActor``s: ``launch`` creates an actor in
   engine ``i``'s bundle (``make_engine_actor``), ``send`` is one ``actor.generate.remote`` per prompt
@@ -37,9 +37,9 @@ from rlvr.config import Config, EngineConfig
 from rlvr.distributed.failures import get_all, get_one
 from rlvr.distributed.placement import Plan, actor_setup, in_bundle, placement_info
 from rlvr.distributed.weight_sync import checksum, from_store
-from rlvr.engine.balance import Affinity
+from rlvr.engine.remote.balance import Affinity
 from rlvr.engine.base import GenerateRequest, GenerateResult
-from rlvr.engine.supervisor import DOWN, STARTUP_TIMEOUT, EngineDown, EngineSupervisor
+from rlvr.engine.remote.supervisor import DOWN, STARTUP_TIMEOUT, EngineDown, EngineSupervisor
 
 log = logging.getLogger(__name__)
 

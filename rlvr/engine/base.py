@@ -3,7 +3,7 @@
 An engine turns token-id prompts into sampled responses and returns, for every sampled token,
 its log-probability under the sampling distribution (temperature applied) — the behaviour
 policy q — and the weight version that produced it. The embedded engine
-(``rlvr.engine.embedded``) implements it in-process; ``rlvr.engine.client.HttpEngine`` speaks
+(``rlvr.engine.local.embedded``) implements it in-process; ``rlvr.engine.remote.client.HttpEngine`` speaks
 SGLang's HTTP protocol to ``rlvr serve`` or a real SGLang server behind the same methods.
 
 Finish reasons: ``stop`` (a stop token id or stop string), ``length`` (``max_new_tokens``),

@@ -341,7 +341,7 @@ class Rollout:
     async def _run_groups(self, groups: list[list[Sample]], params: SamplingParams, shape: bool) -> None:
         """Generate and grade ``groups``: each its own call, graded as soon as it is back, or with
         ``deterministic`` all in one call in index order, so that the engine's decode schedule
-        (rlvr.engine.embedded, deterministic mode) is a function of the groups alone."""
+        (rlvr.engine.local.embedded, deterministic mode) is a function of the groups alone."""
         if self.deterministic and not self._agent_generates():
             await self._generate_groups(groups, params)
             await asyncio.gather(*(self._grade_group(group, shape) for group in groups))

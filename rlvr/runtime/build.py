@@ -188,8 +188,8 @@ def build_engine(cfg: Config, model, tokenizer):
     process on that checkpoint (``--rollout-engine vllm``)."""
     r = cfg.engine
     if r.uses_engine_processes:  # supervised `rlvr serve` processes (restarted with --use-fault-tolerance)
-        from rlvr.engine.processes import ServeProcesses
-        from rlvr.engine.supervisor import EngineSupervisor
+        from rlvr.engine.remote.processes import ServeProcesses
+        from rlvr.engine.remote.supervisor import EngineSupervisor
 
         checkpoint = model if isinstance(model, (str, Path)) else cfg.train.hf_checkpoint
         processes = ServeProcesses(checkpoint, seed=cfg.train.seed, max_running_requests=r.rollout_max_running_requests,
@@ -197,23 +197,23 @@ def build_engine(cfg: Config, model, tokenizer):
                                    deterministic=cfg.run.deterministic_mode)
         return EngineSupervisor(processes, r)
     if r.rollout_external_engine_addrs and r.rollout_engine == "vllm":  # vLLM's OpenAI API servers (dev mode)
-        from rlvr.engine.vllm_http import VllmHttpEngine
+        from rlvr.engine.remote.vllm_http import VllmHttpEngine
         import torch
 
-        from rlvr.engine.vllm_nccl import choose_weight_transfer
+        from rlvr.engine.remote.vllm_nccl import choose_weight_transfer
 
         transfer = choose_weight_transfer(r.vllm_weight_transfer, torch.cuda.is_available())
         return VllmHttpEngine(r.rollout_external_engine_addrs, timeout=r.rollout_external_engine_timeout,
                               transfer=transfer, transfer_master=r.vllm_weight_transfer_master,
                               **vllm_lora(cfg))
     if r.rollout_external_engine_addrs:
-        from rlvr.engine.client import HttpEngine
+        from rlvr.engine.remote.client import HttpEngine
 
         return HttpEngine(r.rollout_external_engine_addrs, timeout=r.rollout_external_engine_timeout,
                           retries=r.rollout_external_engine_retries, routed_experts_top_k=routed_top_k(cfg))
     if r.rollout_engine == "vllm":  # vLLM in this process, started on the checkpoint (version 0)
         from rlvr.core.device import resolve
-        from rlvr.engine.vllm_engine import VllmEngine
+        from rlvr.engine.local.vllm import VllmEngine
 
         return VllmEngine(model if isinstance(model, (str, Path)) else cfg.train.hf_checkpoint, seed=cfg.train.seed,
                           max_running_requests=r.rollout_max_running_requests, kv_cache_gb=r.vllm_kv_cache_gb,
@@ -226,7 +226,7 @@ def embedded_engine(cfg: Config, model, tokenizer, device=None, seed: int | None
     ``engine_shares_trainer_weights``, else a copy on its device; a path: loaded on ``device``),
     with ``--rollout-max-running-requests`` slots and the ``--sglang-mem-fraction-static`` memory
     budget. Local mode and Ray's engine actors both build it here."""
-    from rlvr.engine.embedded import EmbeddedEngine
+    from rlvr.engine.local.embedded import EmbeddedEngine
 
     r = cfg.engine
     if cfg.run.deterministic_mode:  # before the engine's first CUDA call (rlvr.core.determinism)

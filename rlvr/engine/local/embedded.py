@@ -11,7 +11,7 @@ How it is fast for RL's shape (n samples of one prompt, very uneven lengths):
   run through the model once and its KV cache fanned out to the group's rows.
 - **Finished rows leave at once** and **waiting requests join** the running batch as soon as
   there are free slots (``max_batch_size`` rows), so no slot idles through the long tail.
-A single worker thread owns the model and the batch (``rlvr.engine.kv``); it decodes one token
+A single worker thread owns the model and the batch (``rlvr.engine.local.kv``); it decodes one token
 for every row per step. Callers only touch queues under a condition variable.
 
 Deterministic mode (``deterministic=True``, ``--deterministic-mode``): which rows share a forward
@@ -63,7 +63,7 @@ from typing import AsyncIterator, Callable, Iterable, Mapping
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
-from rlvr.engine import kv
+from rlvr.engine.local import kv
 from rlvr.engine.base import GenerateRequest, GenerateResult, SamplingParams, await_worker, wait_worker
 from rlvr.engine.sampling import filter_logits, sample_next, top_log_probs
 from rlvr.models.moe import RoutingRecorder
@@ -266,8 +266,8 @@ class EmbeddedEngine:
             self._needs_weights = False
 
     def score(self, sequences: list[list[int]], temperature: float = 1.0) -> list[list[float | None]]:
-        """Input log-probs of each sequence (``rlvr.engine.scoring``), between two decode steps."""
-        from rlvr.engine.scoring import input_log_probs
+        """Input log-probs of each sequence (``rlvr.engine.local.scoring``), between two decode steps."""
+        from rlvr.engine.local.scoring import input_log_probs
 
         with self._step_lock:
             if self._asleep is not None:

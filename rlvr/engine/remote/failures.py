@@ -1,8 +1,8 @@
 """The engine-failure policy: what happens to a call whose engine failed it, in one place.
 
-Both engine clients that spread calls over several engines follow it: ``rlvr.engine.client.HttpEngine``
+Both engine clients that spread calls over several engines follow it: ``rlvr.engine.remote.client.HttpEngine``
 (servers rlvr did not start: ``--rollout-external-engine-addrs``) and
-``rlvr.engine.supervisor.EngineSupervisor`` (engines rlvr runs and restarts). A client *reports*
+``rlvr.engine.remote.supervisor.EngineSupervisor`` (engines rlvr runs and restarts). A client *reports*
 what it sees -- an engine failed a call (``failed``), an engine answered (``answered``) -- and asks
 where the next attempt of a call may go (``choices``) and how many attempts a call gets
 (``attempts``). The rules:

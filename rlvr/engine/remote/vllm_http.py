@@ -10,7 +10,7 @@ with the settings this client relies on::
 
 - ``generate``: one ``/v1/completions`` call per request with the prompt as token ids,
   ``logprobs=0`` (the sampled token's log-prob; under ``processed_logprobs`` that is
-  log softmax(logits / T), as ``rlvr.engine.vllm_engine`` measured) and vLLM's extensions
+  log softmax(logits / T), as ``rlvr.engine.local.vllm`` measured) and vLLM's extensions
   ``return_token_ids`` (the response's ids), ``top_k``, ``stop_token_ids``, ``ignore_eos`` and
   ``request_id``. Each request goes to the server with the fewest outstanding, a session's turns to one.
 - ``update_weights``: the tensors as one safetensors file in a folder under ``/dev/shm`` (shared
@@ -18,7 +18,7 @@ with the settings this client relies on::
   ``/collective_rpc`` ``reload_weights(weights_path=folder)`` (dev mode), ``/reset_prefix_cache``
   with ``reset_running_requests`` (no KV of the old weights is reused) and ``/resume``. The servers
   must see this machine's ``/dev/shm``. With ``transfer="nccl"`` (CUDA; ``--vllm-weight-transfer``)
-  vLLM's RL weight-transfer routes carry them instead (``rlvr.engine.vllm_nccl``, not yet run on a GPU).
+  vLLM's RL weight-transfer routes carry them instead (``rlvr.engine.remote.vllm_nccl``, not yet run on a GPU).
 - LoRA (``lora_rank``): the servers are started with ``--enable-lora --max-lora-rank R`` (``R`` from
   ``rlvr.engine.vllm_lora.max_lora_rank``) and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``; a push of adapter
   tensors writes a PEFT folder to the same shared memory and, between ``/pause`` and ``/resume``, loads
@@ -28,7 +28,7 @@ with the settings this client relies on::
 - Weight versions: the completions route does not say which step sampled which token, so each
   token carries the version at the request's start; a request that straddled an update says so
   in ``meta["weight_version_end"]``.
-- Seeds are not sent (see ``rlvr.engine.vllm_engine``), nor top-p/top-k below their off values
+- Seeds are not sent (see ``rlvr.engine.local.vllm``), nor top-p/top-k below their off values
   (the config refuses them with vLLM).
 """
 
@@ -49,11 +49,11 @@ import aiohttp
 import torch
 from safetensors.torch import save_file
 
-from rlvr.engine.balance import Affinity
+from rlvr.engine.remote.balance import Affinity
 from rlvr.engine.base import FINISH_REASONS, GenerateRequest, GenerateResult
-from rlvr.engine.sglang_http import health, parse_addr
+from rlvr.engine.remote.sglang_http import health, parse_addr
 from rlvr.engine.vllm_lora import LORA_NAME, is_adapter, write_adapter
-from rlvr.engine.vllm_nccl import NcclWeightTransfer, with_tied_head
+from rlvr.engine.remote.vllm_nccl import NcclWeightTransfer, with_tied_head
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ class VllmHttpEngine:
         if self.lora_alpha is not None and is_adapter(tensors):
             self._push_adapter(tensors, version)
             return
-        # a tied head: vLLM's CPU backend keeps its own copy (rlvr.engine.vllm_engine); an untied
+        # a tied head: vLLM's CPU backend keeps its own copy (rlvr.engine.local.vllm); an untied
         # model's trainer always sends its head
         tensors = with_tied_head(tensors, copy=True)
         folder = self.weights_dir / f"v{version}"

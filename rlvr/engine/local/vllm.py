@@ -391,7 +391,7 @@ class VllmEngine:
 
 
 def vllm_params(p: SamplingParams):
-    """rlvr's ``SamplingParams`` -> vLLM's. As with SGLang (``rlvr.engine.sglang_http``), only a request
+    """rlvr's ``SamplingParams`` -> vLLM's. As with SGLang (``rlvr.engine.remote.sglang_http``), only a request
     without stop ids ignores EOS; ``seed`` is not passed on (module docstring)."""
     from vllm import SamplingParams as VllmSamplingParams
     from vllm.sampling_params import RequestOutputKind

@@ -9,7 +9,7 @@ SGLang routes (payloads as SGLang's, for what rlvr uses):
   batch). rlvr adds ``meta_info.output_token_weight_versions`` (one version per token).
   With ``"sampling_params": {"max_new_tokens": 0}`` and ``"return_logprob": true`` nothing is
   generated: ``meta_info.input_token_logprobs`` scores the given tokens from ``logprob_start_len``
-  on (``[[logprob | null, token_id, null], ...]``, null for the first token; ``rlvr.engine.scoring``),
+  on (``[[logprob | null, token_id, null], ...]``, null for the first token; ``rlvr.engine.local.scoring``),
   what an on-policy-distillation teacher answers (``--use-opd --opd-type sglang``).
 - ``POST /update_weights_from_disk`` ``{"model_path", "weight_version"?}``: loads the directory's
   ``*.safetensors`` into the running engine between two decode steps.
@@ -43,8 +43,8 @@ from safetensors.torch import load_file
 
 from rlvr.engine.base import GenerateRequest, GenerateResult, SamplingParams
 from rlvr.engine.chat import openai_tool_call, split_tool_calls, template_message
-from rlvr.engine.sglang_http import encode_routed_experts
-from rlvr.engine.embedded import EmbeddedEngine
+from rlvr.engine.remote.sglang_http import encode_routed_experts
+from rlvr.engine.local.embedded import EmbeddedEngine
 
 log = logging.getLogger(__name__)
 

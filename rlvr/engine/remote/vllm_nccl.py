@@ -18,7 +18,7 @@ onwards (``rank_offset``; a worker adds its own rank within its server).
   in threads while the trainer broadcasts the tensors in that order from rank 0; then per server
   ``/finish_weight_update`` (``weight_version``), ``/reset_prefix_cache`` and ``/resume``.
 - A tied head (``model.embed_tokens.weight`` sent without ``lm_head.weight``) gets an
-  ``lm_head.weight`` entry, the rule of the CPU reload route (``rlvr.engine.vllm_http``); on CUDA
+  ``lm_head.weight`` entry, the rule of the CPU reload route (``rlvr.engine.remote.vllm_http``); on CUDA
   vLLM's ``AutoWeightsLoader`` skips a tied model's second name for the shared parameter, so there
   it is a broadcast that is not loaded.
 """

@@ -2,9 +2,9 @@
 
 ``HttpEngine(["host:port", ...])`` sends each request to ``/generate`` on the address with the
 fewest requests outstanding among those the failure policy allows, the turns of one session to
-one server (``rlvr.engine.balance``). A server fails a request when the connection is refused or
+one server (``rlvr.engine.remote.balance``). A server fails a request when the connection is refused or
 dropped, it answers HTTP 5xx, or it does not answer within ``timeout`` seconds; what follows is
-``rlvr.engine.failures.FailurePolicy``'s, the same policy the engine supervisor follows: the
+``rlvr.engine.remote.failures.FailurePolicy``'s, the same policy the engine supervisor follows: the
 request is retried on another address, the failing one is avoided for ``cooldown`` seconds, and
 after ``retries`` retries (or with no address left to try) the request comes back with finish
 reason ``error`` (the rollout marks the sample FAILED and counts it). Every request gets exactly
@@ -31,10 +31,10 @@ import aiohttp
 import torch
 from safetensors.torch import save_file
 
-from rlvr.engine.balance import Affinity
+from rlvr.engine.remote.balance import Affinity
 from rlvr.engine.base import GenerateRequest, GenerateResult
-from rlvr.engine.failures import FailurePolicy, error_results
-from rlvr.engine.sglang_http import health, parse_addr, post, post_generate
+from rlvr.engine.remote.failures import FailurePolicy, error_results
+from rlvr.engine.remote.sglang_http import health, parse_addr, post, post_generate
 
 log = logging.getLogger(__name__)
 
