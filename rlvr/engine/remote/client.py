@@ -32,14 +32,14 @@ import torch
 from safetensors.torch import save_file
 
 from rlvr.engine.remote.balance import Affinity
-from rlvr.engine.base import GenerateRequest, GenerateResult
+from rlvr.engine.base import Engine, GenerateRequest, GenerateResult
 from rlvr.engine.remote.failures import FailurePolicy, error_results
 from rlvr.engine.remote.sglang_http import health, parse_addr, post, post_generate
 
 log = logging.getLogger(__name__)
 
 
-class HttpEngine:
+class HttpEngine(Engine):
     def __init__(self, addrs: list[str], timeout: float = 600.0, retries: int = 2, cooldown: float = 5.0,
                  weights_dir: str | None = None, routed_experts_top_k: int = 0):
         if not addrs:
@@ -54,10 +54,6 @@ class HttpEngine:
         self.affinity = Affinity()  # session -> url: the turns of one multi-turn sample go to one server
         self._version = 0
         self.routed_experts_top_k = routed_experts_top_k  # R3: ask for routed experts (top-k per position)
-
-    @property
-    def weight_version(self) -> int:
-        return self._version
 
     # ---- generate -----------------------------------------------------------------------
     async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from rlvr.engine.remote.balance import Affinity
-from rlvr.engine.base import GenerateRequest, GenerateResult
+from rlvr.engine.base import Engine, GenerateRequest, GenerateResult
 from rlvr.engine.remote.failures import FailurePolicy, error_results
 from rlvr.config.engine import EngineConfig
 from rlvr.core.testing import fault_point
@@ -156,7 +156,7 @@ DOWN = object()  # ``on_live``'s result for an engine that is (or went) down
 STARTUP_TIMEOUT = 180.0  # seconds an engine may take to come up (torch import on a busy CPU)
 
 
-class EngineSupervisor:
+class EngineSupervisor(Engine):
     """``Engine`` over supervised engines reached through ``transport``; see the module docstring.
     ``settings`` is the ``engine`` config group; ``num_engines`` defaults to its ``--rollout-num-engines``."""
 
@@ -197,10 +197,6 @@ class EngineSupervisor:
         log.info("engines up: pids %s", [s.pid for s in self.slots])
 
     # ---- Engine protocol ----------------------------------------------------------------
-    @property
-    def weight_version(self) -> int:
-        return self._version
-
     async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         """One result per request, in order; each call re-issued until an engine that is still up answers it.
         A call re-issued after ``abort()`` (or holding a request aborted by rid) comes back aborted."""

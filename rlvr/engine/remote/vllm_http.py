@@ -50,7 +50,7 @@ import torch
 from safetensors.torch import save_file
 
 from rlvr.engine.remote.balance import Affinity
-from rlvr.engine.base import FINISH_REASONS, GenerateRequest, GenerateResult
+from rlvr.engine.base import FINISH_REASONS, Engine, GenerateRequest, GenerateResult
 from rlvr.engine.remote.sglang_http import health, parse_addr
 from rlvr.engine.vllm_lora import LORA_NAME, is_adapter, write_adapter
 from rlvr.engine.remote.vllm_nccl import NcclWeightTransfer
@@ -94,7 +94,7 @@ def parse_completion(req: GenerateRequest, body: dict, version: int, version_end
                           meta, [version] * len(tokens), top_token_ids=top_ids, top_log_probs=top_lps)
 
 
-class VllmHttpEngine:
+class VllmHttpEngine(Engine):
     def __init__(self, addrs: list[str], timeout: float = 600.0, weights_dir: str | None = None,
                  transfer: str = "reload", transfer_master: str = "127.0.0.1:0", lora_rank: int = 0,
                  lora_alpha: float | None = None, tied_head: bool = True):
@@ -114,10 +114,6 @@ class VllmHttpEngine:
         self.nccl = (NcclWeightTransfer(self.urls, transfer_master, timeout=timeout, tied_head=tied_head)
                      if transfer == "nccl" else None)
         self.lora_alpha = (lora_alpha or 2 * lora_rank) if lora_rank else None
-
-    @property
-    def weight_version(self) -> int:
-        return self._version
 
     async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         if not requests:
