@@ -96,7 +96,7 @@ $(VLLM_VENV)/.vllm:
 	$(VPY) -m pip install -q "$(VLLM_SPEC)" "$(TORCH_SPEC)"
 	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton
 	$(VPY) -m pip install -q -e ".[vllm-test]"
-	$(VPY) -c "import vllm, rlvr.engine.vllm_engine"
+	$(VPY) -c "import vllm, rlvr.engine.local.vllm"
 	touch $@
 
 vllm: $(VLLM_VENV)/.vllm

@@ -97,7 +97,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from rlvr.engine.base import GenerateRequest, SamplingParams
-    from rlvr.engine.embedded import EmbeddedEngine
+    from rlvr.engine.local.embedded import EmbeddedEngine
     from rollout_throughput import N_SAMPLES, budgets
 
     tok = AutoTokenizer.from_pretrained(args.model)

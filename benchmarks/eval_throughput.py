@@ -50,7 +50,7 @@ def engine_child(model: str, data: str, max_new: int, threads: int) -> None:
     from transformers import AutoTokenizer
 
     from rlvr.engine.base import GenerateRequest, SamplingParams
-    from rlvr.engine.embedded import EmbeddedEngine
+    from rlvr.engine.local.embedded import EmbeddedEngine
 
     tok = AutoTokenizer.from_pretrained(model)
     rows = [json.loads(line) for line in open(data)]

@@ -20,7 +20,7 @@ would make the two sides' lengths differ by chance; fixed budgets keep the compa
 
 ``--deterministic-mode`` adds a third side, ``rlvr-det``: the same engine and requests with
 ``deterministic=True`` (the call cut into packs of at most ``--max-batch-size`` rows, each decoded
-in forwards of its own: a fixed schedule, see ``rlvr.engine.embedded``), and reports its cost
+in forwards of its own: a fixed schedule, see ``rlvr.engine.local.embedded``), and reports its cost
 against ``rlvr`` in wall and CPU time.
 ``--skip-hf`` leaves Hugging Face out (the cost of the mode alone, in seconds instead of minutes).
 
@@ -53,7 +53,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rlvr.data.arith import make_splits
 from rlvr.entrypoints.demo import TINY_MODEL
 from rlvr.engine.base import GenerateRequest, SamplingParams
-from rlvr.engine.embedded import EmbeddedEngine
+from rlvr.engine.local.embedded import EmbeddedEngine
 from rlvr.models.tiny import build_tiny_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -28,7 +28,7 @@ def main() -> None:
     set_threads(1)
 
     from rlvr.engine.base import GenerateRequest, SamplingParams
-    from rlvr.engine.embedded import EmbeddedEngine
+    from rlvr.engine.local.embedded import EmbeddedEngine
     from rlvr.models.moe import RoutingRecorder
     from rlvr.models.tiny import build_tiny_model
     from rlvr.train import routing_replay

@@ -90,7 +90,7 @@ def child(model: str, recompute: bool, lora_rank: int, kl: bool, tokens: int, wi
     trainer = Trainer(cfg, algo, n_samples_per_prompt=4)
     engine = None
     if with_engine:  # what local `rlvr train` builds: rlvr.runtime.build.embedded_engine on the trainer's model
-        from rlvr.engine.embedded import EmbeddedEngine
+        from rlvr.engine.local.embedded import EmbeddedEngine
 
         # a synchronous local run's engine samples from the trainer's own module (engine_shares_trainer_weights)
         engine = EmbeddedEngine(trainer.model, pad_token_id=0, seed=0, share_weights=True)
@@ -224,7 +224,7 @@ def real_child(spec: dict) -> None:
 
     from rlvr.algo import AlgoConfig
     from rlvr.config import TrainConfig
-    from rlvr.engine.embedded import EmbeddedEngine
+    from rlvr.engine.local.embedded import EmbeddedEngine
     from rlvr.train.memory import peak_memory_gb, reset_peak_memory
     from rlvr.train.trainer import Trainer
 

@@ -33,7 +33,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlvr.core.types import Sample
 from rlvr.engine.base import GenerateRequest, SamplingParams
-from rlvr.engine.embedded import EmbeddedEngine
+from rlvr.engine.local.embedded import EmbeddedEngine
 from rlvr.train.logprobs import response_log_probs
 from rlvr.train.trainer import load_policy
 
@@ -81,7 +81,7 @@ def main() -> None:
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     torch.set_num_threads(args.threads)
-    from rlvr.engine.vllm_engine import VllmEngine
+    from rlvr.engine.local.vllm import VllmEngine
 
     tok = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()

@@ -31,7 +31,7 @@ def local(model: str, rank: int, repeats: int) -> None:
     set_threads(1)
     from rlvr.algo import AlgoConfig
     from rlvr.config import TrainConfig
-    from rlvr.engine.embedded import EmbeddedEngine
+    from rlvr.engine.local.embedded import EmbeddedEngine
     from rlvr.train.trainer import Trainer
 
     ckpt = model_dir(model, tempfile.mkdtemp(prefix="rlvr-weight-sync-"))

@@ -122,7 +122,7 @@ def rollout_bench(ckpt: str) -> dict:
     from transformers import AutoTokenizer
 
     from rlvr.engine.base import GenerateRequest, SamplingParams
-    from rlvr.engine.embedded import EmbeddedEngine
+    from rlvr.engine.local.embedded import EmbeddedEngine
     from rlvr.train.trainer import load_policy
 
     tok = AutoTokenizer.from_pretrained(ckpt)
@@ -212,7 +212,7 @@ def colocated_cycle(ckpt: str) -> dict:
     from rlvr.runtime.colocate import Colocated
     from rlvr.config import TrainConfig
     from rlvr.engine.base import GenerateRequest, SamplingParams
-    from rlvr.engine.embedded import EmbeddedEngine
+    from rlvr.engine.local.embedded import EmbeddedEngine
     from rlvr.train.memory import peak_memory_gb
     from rlvr.train.logprobs import response_log_probs
     from rlvr.train.trainer import Trainer

@@ -22,7 +22,7 @@ from typing import Callable
 
 from rlvr.core.testing import InjectedFault
 from rlvr.core.types import Sample
-from rlvr.engine.base import GenerateRequest, GenerateResult, SamplingParams
+from rlvr.engine.base import Engine, GenerateRequest, GenerateResult, SamplingParams
 from rlvr.sandbox.runner import CGROUP_ROOT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -224,7 +224,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 
 # ---- from test_agent_tools.py -----------------------------------------------------------------------
-class ScriptedEngine:
+class ScriptedEngine(Engine):
     """The ``Engine`` protocol answering each session's k-th call with ``script[k]`` (+ eos
     unless the turn ends with a tool call), log-prob -0.5 per token."""
 

@@ -55,7 +55,7 @@ def three_turn_samples(tr, tok, n=4, temperature=0.8, seed=3):
     """``n`` samples of three model turns with two tool observations between them, sampled
     token-in/token-out by an embedded engine holding the trainer's weights."""
     from rlvr.engine.base import SamplingParams
-    from rlvr.engine.embedded import EmbeddedEngine
+    from rlvr.engine.local.embedded import EmbeddedEngine
 
     eng = EmbeddedEngine(tr.model, pad_token_id=tok.pad_token_id, seed=seed)
     turns = ChatTurns(tok)
@@ -176,7 +176,7 @@ def test_abort_in_the_middle_of_a_multi_turn_sample_regenerates_it(tiny_qwen2):
     from rlvr.runtime.build import load_tokenizer, make_agent
     from rlvr.config import Config, RolloutConfig
     from rlvr.data.dataset import DataSource, PromptRecord
-    from rlvr.engine.embedded import EmbeddedEngine
+    from rlvr.engine.local.embedded import EmbeddedEngine
     from rlvr.rewards import Grader, RewardConfig
     from rlvr.rollout.rollout import Rollout
     from rlvr.core.types import Status

@@ -99,7 +99,7 @@ def test_streaming_is_token_by_token_and_recorded_exactly(tiny_qwen2):
     from rlvr.agents.session import EngineHandle
     from rlvr.runtime.build import load_tokenizer, make_agent
     from rlvr.config import Config
-    from rlvr.engine.embedded import EmbeddedEngine
+    from rlvr.engine.local.embedded import EmbeddedEngine
 
     tok = load_tokenizer(str(tiny_qwen2))
     engine = EmbeddedEngine(str(tiny_qwen2), pad_token_id=tok.pad_token_id, tokenizer=tok)

@@ -12,7 +12,7 @@ from rlvr.config import RolloutConfig
 
 from rlvr.runtime.configure import parse_config
 from rlvr.data.dataset import DataSource, PromptRecord
-from rlvr.engine.embedded import EmbeddedEngine
+from rlvr.engine.local.embedded import EmbeddedEngine
 from rlvr.core.errors import ConfigError
 from rlvr.core.testing import RUN_SILENT_ENV
 from rlvr.runtime.build import load_tokenizer

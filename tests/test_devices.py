@@ -14,9 +14,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rlvr.entrypoints.cli import main
 from rlvr.runtime.configure import parse_config
 from rlvr.core.device import resolve
-from rlvr.engine import kv
+from rlvr.engine.local import kv
 from rlvr.engine.base import GenerateRequest, SamplingParams
-from rlvr.engine.embedded import EmbeddedEngine, kv_budget_from_fraction
+from rlvr.engine.local.embedded import EmbeddedEngine, kv_budget_from_fraction
 from rlvr.core.errors import ConfigError
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only machine's messages")

@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlvr.engine.base import GenerateRequest, SamplingParams
-from rlvr.engine.embedded import EmbeddedEngine, filter_logits
+from rlvr.engine.local.embedded import EmbeddedEngine, filter_logits
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The one engine-failure policy (``rlvr.engine.failures``), as the HTTP client of external servers
+"""The one engine-failure policy (``rlvr.engine.remote.failures``), as the HTTP client of external servers
 and the engine supervisor both follow it: a failed call is retried on another engine, the engine
 that failed it is avoided until it answers, and a call with no engine left is given up as an
 ``error`` result."""
@@ -9,9 +9,9 @@ import asyncio
 import threading
 
 from rlvr.engine.base import GenerateRequest, SamplingParams
-from rlvr.engine.client import HttpEngine
-from rlvr.engine.failures import FailurePolicy
-from rlvr.engine.supervisor import EngineDown, EngineSupervisor
+from rlvr.engine.remote.client import HttpEngine
+from rlvr.engine.remote.failures import FailurePolicy
+from rlvr.engine.remote.supervisor import EngineDown, EngineSupervisor
 from tests.support import free_port, wait_until
 from tests.test_supervisor import FakeEngines, settings
 

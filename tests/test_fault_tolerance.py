@@ -21,8 +21,8 @@ from transformers import AutoModelForCausalLM
 import rlvr.runtime.build
 from rlvr.runtime.configure import parse_config
 from rlvr.config.engine import EngineConfig
-from rlvr.engine.processes import ServeProcesses
-from rlvr.engine.supervisor import EngineSupervisor
+from rlvr.engine.remote.processes import ServeProcesses
+from rlvr.engine.remote.supervisor import EngineSupervisor
 from rlvr.runtime.loop import run
 from rlvr.observe import read_metrics
 from rlvr.core.testing import RAISE_AT_ENV, RUN_SILENT_ENV
@@ -87,7 +87,7 @@ def test_chaos_two_sigkills_during_rollout(tiny_qwen2, arith_files, tmp_path, ca
     stop = threading.Event()
     pids, in_flight = local_engine_probe(monkeypatch)
     chaos = threading.Thread(target=killer, args=(pids, in_flight, out, random.Random(9), kills, stop), daemon=True)
-    with caplog.at_level(logging.WARNING, logger="rlvr.engine.supervisor"):
+    with caplog.at_level(logging.WARNING, logger="rlvr.engine.remote.supervisor"):
         chaos.start()
         run_dir = run(cfg, console=False)
     stop.set()
@@ -172,7 +172,7 @@ def test_a_monitor_that_raises_still_restarts_a_killed_engine(tiny_qwen2, tmp_pa
     and serves again. (A monitor thread that died with its first error would never restart it.)
     The Ray transport runs the same scenario in tests/test_ray_fault_tolerance.py."""
     monkeypatch.setenv(RAISE_AT_ENV, "engine-monitor:2")
-    with caplog.at_level(logging.ERROR, logger="rlvr.engine.supervisor"):
+    with caplog.at_level(logging.ERROR, logger="rlvr.engine.remote.supervisor"):
         sup = supervise(tiny_qwen2, tmp_path, 1, max_restarts=1)
         try:
             check_monitor_survives_a_kill(sup, caplog)

@@ -77,7 +77,7 @@ def test_trainer_and_engine_on_cuda_agree_in_float32(ckpt):
     from rlvr.algo import AlgoConfig
     from rlvr.config import TrainConfig
     from rlvr.engine.base import GenerateRequest, SamplingParams
-    from rlvr.engine.embedded import EmbeddedEngine
+    from rlvr.engine.local.embedded import EmbeddedEngine
     from rlvr.train.trainer import Trainer
 
     tok = AutoTokenizer.from_pretrained(ckpt)

@@ -207,7 +207,7 @@ class SlowTail:
 def test_rollout_grades_each_group_as_it_finishes_and_counts_failures(tiny_qwen2, tmp_path, monkeypatch):
     from rlvr.config import RolloutConfig
     from rlvr.data.dataset import DataSource, PromptRecord
-    from rlvr.engine.embedded import EmbeddedEngine
+    from rlvr.engine.local.embedded import EmbeddedEngine
     from rlvr.runtime.build import load_tokenizer
 
     (tmp_path / "timed_rewards.py").write_text(textwrap.dedent('''

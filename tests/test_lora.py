@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rlvr.algo import AlgoConfig, actor_loss, aggregate_loss, global_denominator
 from rlvr.config import TrainConfig
 from rlvr.engine.base import GenerateRequest, SamplingParams
-from rlvr.engine.embedded import EmbeddedEngine
+from rlvr.engine.local.embedded import EmbeddedEngine
 from rlvr.core.errors import ConfigError
 from rlvr.train import lora
 from rlvr.train.trainer import Trainer

@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM
 
 from rlvr.entrypoints.cli import main
 from rlvr.engine.base import GenerateRequest, SamplingParams
-from rlvr.engine.embedded import EmbeddedEngine
+from rlvr.engine.local.embedded import EmbeddedEngine
 from rlvr.models.tiny import ARCHITECTURES, TINY_WINDOW, build_tiny_model, build_tokenizer
 from rlvr.train import attention
 from rlvr.train.logprobs import response_log_probs

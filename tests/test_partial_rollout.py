@@ -10,7 +10,7 @@ import torch
 from rlvr.config import RolloutConfig
 from rlvr.data.dataset import DataSource, PromptRecord
 from rlvr.engine.base import GenerateRequest, SamplingParams
-from rlvr.engine.embedded import EmbeddedEngine
+from rlvr.engine.local.embedded import EmbeddedEngine
 from rlvr.runtime.build import load_tokenizer
 from rlvr.rewards import Grader, RewardConfig
 from rlvr.rollout.rollout import Rollout

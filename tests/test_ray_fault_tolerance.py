@@ -198,7 +198,7 @@ def test_a_monitor_that_raises_still_restarts_a_killed_engine(ray_cluster, tiny_
     monkeypatch.setenv(RAISE_AT_ENV, "engine-monitor:2")
     group = None
     try:
-        with caplog.at_level(logging.ERROR, logger="rlvr.engine.supervisor"):
+        with caplog.at_level(logging.ERROR, logger="rlvr.engine.remote.supervisor"):
             group = TolerantEngineGroup(partial(make_engine_actor, cfg, pg, p, os.getcwd()), cfg.engine, 1)
             check_monitor_survives_a_kill(group.supervisor, caplog)
     finally:

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from rlvr.engine.base import GenerateRequest, SamplingParams
-from rlvr.engine.embedded import EmbeddedEngine
+from rlvr.engine.local.embedded import EmbeddedEngine
 from rlvr.core.types import Sample
 
 ROOT = Path(__file__).resolve().parents[1]

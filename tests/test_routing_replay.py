@@ -9,7 +9,7 @@ import torch
 from rlvr.entrypoints.cli import main
 from rlvr.config import TrainConfig
 from rlvr.engine.base import GenerateRequest, SamplingParams
-from rlvr.engine.embedded import EmbeddedEngine
+from rlvr.engine.local.embedded import EmbeddedEngine
 from rlvr.core.errors import ConfigError
 from rlvr.runtime.configure import check_train
 from rlvr.models.moe import RoutingRecorder, RoutingReplay
@@ -153,8 +153,8 @@ def test_routed_experts_over_http(tiny_moe):
     from aiohttp import web
 
     from rlvr.data.tokenizer import load_tokenizer
-    from rlvr.engine.client import HttpEngine
-    from rlvr.engine.server import Server
+    from rlvr.engine.remote.client import HttpEngine
+    from rlvr.engine.serving.routes import Server
 
     tokenizer = load_tokenizer(str(tiny_moe))
     engine = EmbeddedEngine(str(tiny_moe), pad_token_id=256, return_routed_experts=True, tokenizer=tokenizer)

@@ -9,7 +9,7 @@ from rlvr.algo import AlgoConfig, actor_loss, policy_loss_name
 from rlvr.algo.score_centering import SamplerHead
 from rlvr.entrypoints.cli import main
 from rlvr.engine.base import GenerateRequest, SamplingParams
-from rlvr.engine.embedded import EmbeddedEngine
+from rlvr.engine.local.embedded import EmbeddedEngine
 from rlvr.core.errors import ConfigError
 from rlvr.core.testing import override_trainer
 from rlvr.runtime.configure import check_algo

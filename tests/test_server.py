@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlvr.engine.base import GenerateRequest, SamplingParams
-from rlvr.engine.client import HttpEngine
+from rlvr.engine.remote.client import HttpEngine
 from tests.support import free_port, post, start_server, stop_server
 from rlvr.core.testing import RUN_SILENT_ENV
 

@@ -10,7 +10,7 @@ from rlvr.config import TrainConfig
 from rlvr.config.algo import AlgoConfig
 from rlvr.core.types import Sample
 from rlvr.engine.base import GenerateRequest, SamplingParams
-from rlvr.engine.embedded import EmbeddedEngine
+from rlvr.engine.local.embedded import EmbeddedEngine
 from rlvr.runtime.build import build_local, engine_shares_trainer_weights
 from rlvr.runtime.configure import parse_config
 from rlvr.train.trainer import Trainer

@@ -152,7 +152,7 @@ def test_data_parallel_ranks_stay_in_step(tiny_qwen2, tmp_path, backend):
     and the weights are the single process's to float rounding."""
     import multiprocessing
 
-    from rlvr.engine.processes import free_port
+    from rlvr.engine.remote.processes import free_port
 
     rollouts = [_samples(UNEVEN, seed=7), _samples([0.0] * 8, seed=8)]
     out, port, ctx = tmp_path / "rank0.pt", free_port(), multiprocessing.get_context("spawn")

@@ -16,7 +16,7 @@ import pytest
 
 from rlvr.engine.base import GenerateRequest, GenerateResult, SamplingParams
 from rlvr.config.engine import EngineConfig
-from rlvr.engine.supervisor import EngineDown, EngineSupervisor, EnginesLost
+from rlvr.engine.remote.supervisor import EngineDown, EngineSupervisor, EnginesLost
 from rlvr.core.testing import RAISE_AT_ENV, InjectedFault
 from tests.support import wait_until
 
@@ -148,7 +148,7 @@ def test_the_monitor_survives_its_own_errors(monkeypatch, caplog):
         return sum(bool(r.exc_info) and isinstance(r.exc_info[1], InjectedFault) for r in caplog.records)
 
     fake = FakeEngines()
-    with caplog.at_level(logging.ERROR, logger="rlvr.engine.supervisor"):
+    with caplog.at_level(logging.ERROR, logger="rlvr.engine.remote.supervisor"):
         sup = EngineSupervisor(fake, settings(1))
         try:
             wait_until(lambda: injected() >= 2, "the monitor has raised twice")  # a monitor that died would not

@@ -55,7 +55,7 @@ def test_on_policy_old_log_probs_equal_engine_log_probs(tiny_qwen2):
     from transformers import AutoTokenizer
 
     from rlvr.engine.base import GenerateRequest, SamplingParams
-    from rlvr.engine.embedded import EmbeddedEngine
+    from rlvr.engine.local.embedded import EmbeddedEngine
 
     tok = AutoTokenizer.from_pretrained(tiny_qwen2)
     tr = Trainer(TrainConfig(hf_checkpoint=str(tiny_qwen2), lr=1e-3), AlgoConfig(), temperature=0.8,

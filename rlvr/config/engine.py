@@ -2,11 +2,12 @@
 ``engine`` group of the typed config).
 
 Local mode samples with the embedded engine in the training process (or vLLM's engine with
-``--rollout-engine vllm``, ``rlvr.engine.vllm_engine``), unless
+``--rollout-engine vllm``, ``rlvr.engine.local.vllm``), unless
 ``--rollout-external-engine-addrs`` names SGLang-protocol servers (``HttpEngine``), or
 ``--rollout-num-engines`` > 1 / ``--use-fault-tolerance`` asks for ``rlvr serve`` processes under the
-engine supervisor (``rlvr.engine.supervisor``). Under ``--ray`` the engines are actors, supervised
-by the same supervisor with ``--use-fault-tolerance``. The supervisor takes this group whole
+engine supervisor (``rlvr.engine.remote.supervisor``). Under ``--ray`` the engines are actors, supervised
+by the same supervisor with ``--use-fault-tolerance``. Which kind of engine these flags make, and
+what each kind can do, is ``rlvr.config.engine_kinds``. The supervisor takes this group whole
 (``EngineSupervisor.settings``), not fields unpacked by the caller. Flag names are slime's.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlvr.core.errors import ConfigError
+from rlvr.config.engine_kinds import FAMILIES, KINDS, resolve
 from rlvr.config.fields import check_bounds
 from rlvr.config.fields import option as _f
 
@@ -25,7 +27,7 @@ class EngineConfig:
 
     rollout_engine: str = _f("embedded", "engine that samples in local mode: embedded (rlvr's own) or vllm (vLLM's LLMEngine "
                                          "in this process, or the vLLM servers of --rollout-external-engine-addrs; needs "
-                                         "vLLM: `make vllm` on CPU)", ["embedded", "vllm"])
+                                         "vLLM: `make vllm` on CPU)", list(FAMILIES))
     vllm_kv_cache_gb: float = _f(1.0, "--rollout-engine vllm: GiB of memory for vLLM's KV cache (its --kv-cache-memory-bytes)",
                                  gt=0)
     vllm_weight_transfer: str = _f("reload", "--rollout-engine vllm with --rollout-external-engine-addrs: how weights reach the "
@@ -69,13 +71,10 @@ class EngineConfig:
         if self.sglang_mem_fraction_static is not None and (self.rollout_external_engine_addrs or self.uses_engine_processes):
             raise ConfigError("--sglang-mem-fraction-static", "budgets the embedded engine's memory (in process or a Ray "
                               "actor); external and rlvr serve engines manage their own: set it on those servers")
-        if self.vllm_weight_transfer == "nccl" and not (self.rollout_engine == "vllm" and self.rollout_external_engine_addrs):
+        kind = resolve(self)  # refuses processes for a family that launches none
+        if self.vllm_weight_transfer == "nccl" and KINDS[kind].weight_route != "transfer":
             raise ConfigError("--vllm-weight-transfer", "nccl pushes weights to vLLM servers: it needs --rollout-engine vllm "
                               "with --rollout-external-engine-addrs (vLLM in process takes them from memory)")
-        if self.rollout_engine == "vllm" and self.uses_engine_processes:
-            raise ConfigError("--rollout-engine", "vllm runs one vLLM engine in the training process, or talks to vLLM "
-                              "servers given with --rollout-external-engine-addrs; it does not launch or supervise "
-                              "server processes (drop --rollout-num-engines > 1 / --use-fault-tolerance)")
         if self.use_fault_tolerance and self.rollout_external_engine_addrs:
             raise ConfigError("--use-fault-tolerance", "restarts the engine processes rlvr launches itself; it cannot restart "
                               "--rollout-external-engine-addrs servers (drop one of the two)")

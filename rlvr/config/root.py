@@ -22,6 +22,7 @@ from rlvr.config.agent import AgentConfig
 from rlvr.config.algo import AlgoConfig
 from rlvr.config.cluster import ClusterConfig
 from rlvr.config.engine import EngineConfig
+from rlvr.config.engine_kinds import KINDS, EngineKind, resolve
 from rlvr.config.fields import flag_of
 from rlvr.config.groups import AsyncConfig, DataConfig, EvalConfig, RolloutConfig, RunConfig, TrainConfig
 from rlvr.config.reward import RewardConfig
@@ -123,8 +124,7 @@ class Config:
             self._validate_ray()
         if self.cluster.colocate:
             self._validate_colocate()
-        if self.engine.rollout_engine == "vllm":
-            self._validate_vllm()
+        self._validate_engine_kind()
         if (self.agent.tools or self.agent.environment_path) and not self.data.apply_chat_template:
             raise ConfigError("--tools" if self.agent.tools else "--environment-path",
                               "multi-turn chat needs --apply-chat-template (turns follow the chat template)")
@@ -132,6 +132,12 @@ class Config:
             raise ConfigError("--rollout-function-path", "replaces the whole rollout, so it cannot be combined with "
                               "a per-sample generate function (--custom-generate-function-path, --tools, --environment-path)")
         self._validate_async()
+        self._validate_reference()
+        self._validate_opd()
+        return self
+
+    def _validate_reference(self) -> None:
+        """The reference model's flags without a KL term; score centering against truncated sampling."""
         uses_ref = self.algo.use_kl_loss or self.algo.kl_coef != 0
         for name in ("ref_load", "ref_update_interval"):
             if getattr(self.train, name) is not None and not uses_ref:
@@ -139,8 +145,6 @@ class Config:
         if self.algo.use_score_centering and (self.rollout.rollout_top_p != 1 or self.rollout.rollout_top_k != -1):
             raise ConfigError("--use-score-centering", "needs the untruncated sampling distribution (its head is q's top-k "
                               "of the full vocabulary): set --rollout-top-p 1 --rollout-top-k -1")
-        self._validate_opd()
-        return self
 
     def _validate_async(self) -> None:
         """``--async`` against the debug split and ``--deterministic-mode``."""
@@ -187,26 +191,27 @@ class Config:
             if bad:
                 raise ConfigError(flag, f"with --colocate: {why}")
 
-    def _validate_vllm(self) -> None:
-        """What the in-process vLLM engine (``rlvr.engine.vllm_engine``) cannot do, refused before it starts."""
+    @property
+    def engine_kind(self) -> EngineKind:
+        """The kind of engine that samples (``rlvr.config.engine_kinds``: resolved from the engine group)."""
+        return resolve(self.engine, ray=self.cluster.ray)
+
+    def _validate_engine_kind(self) -> None:
+        """What the engine kind cannot honour (its traits: ``rlvr.config.engine_kinds``), refused before it starts."""
+        t = KINDS[self.engine_kind]
         refused = [
-            ("--ray", self.cluster.ray, "Ray's engine actors are embedded engines; drop --ray"),
-            ("--colocate", self.cluster.colocate, "vLLM cannot release its weights on CPU (its sleep mode is a no-op "
-             "there); drop --colocate"),
-            ("--deterministic-mode", self.run.deterministic_mode, "vLLM's per-request seeds killed the CPU engine under "
-             "concurrent requests, and its batches depend on arrival, so a run cannot be repeated bit for bit; use the "
-             "embedded engine for that"),
-            ("--rollout-top-p", self.rollout.rollout_top_p != 1, "vLLM's log-probs are renormalised over the top-p set, "
-             "not the full vocabulary the trainer compares them with; use 1 or the embedded engine"),
-            ("--rollout-top-k", self.rollout.rollout_top_k != -1, "vLLM's log-probs are renormalised over the top-k set, "
-             "not the full vocabulary the trainer compares them with; use -1 or the embedded engine"),
-            ("--use-rollout-routing-replay", self.train.use_rollout_routing_replay, "the vLLM engine does not return "
-             "routed experts here; use the embedded engine"),
-            ("--lora-rank", self.train.lora_rank > 512, "vLLM serves LoRA ranks up to 512"),
+            ("--ray", self.cluster.ray and not t.ray_actors),
+            ("--colocate", self.cluster.colocate and not t.can_sleep),
+            ("--deterministic-mode", self.run.deterministic_mode and not t.deterministic),
+            ("--rollout-top-p", self.rollout.rollout_top_p != 1 and not t.truncated_sampling),
+            ("--rollout-top-k", self.rollout.rollout_top_k != -1 and not t.truncated_sampling),
+            ("--use-rollout-routing-replay", self.train.use_rollout_routing_replay and not t.routing_replay),
+            ("--lora-rank", t.max_lora_rank is not None and self.train.lora_rank > t.max_lora_rank),
         ]
-        for flag, bad, why in refused:
+        for flag, bad in refused:
             if bad:
-                raise ConfigError(flag, f"with --rollout-engine vllm: {why}")
+                why = t.why_not.get(flag, f"{t.what} cannot honour it")
+                raise ConfigError(flag, f"with --rollout-engine {self.engine.rollout_engine}: {why}")
 
     def _validate_ray(self) -> None:
         """What ``--ray`` cannot do (yet), refused before any actor starts."""

@@ -6,7 +6,7 @@ environment of its launch script (``NCCL_ALGO=Ring``, ``NVTE_ALLOW_NONDETERMINIS
 process that trains or samples (the driver, Ray actors, ``rlvr serve``), before its first CUDA
 call: cuBLAS reads its workspace setting once, when it starts. On CPU only the first matters
 (an op without a deterministic kernel raises instead of running); the batch invariance of the
-engine is the engine's own (``rlvr.engine.embedded``).
+engine is the engine's own (``rlvr.engine.local.embedded``).
 """
 
 from __future__ import annotations

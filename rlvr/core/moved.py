@@ -62,6 +62,13 @@ MOVED: dict[str, tuple[str, str]] = {
     "rlvr.rewards.sandbox_launcher": ("rlvr.sandbox.launcher", "import from rlvr.sandbox.launcher"),
     **{f"rlvr.rewards.math_{m}": (f"rlvr.rewards.math.{m}", f"import from rlvr.rewards.math.{m}")
        for m in ("equiv", "extract", "forms", "units", "words")},
+    **{f"rlvr.engine.{old}": (f"rlvr.engine.{new}", f"import from rlvr.engine.{new}")
+       for old, new in (("embedded", "local.embedded"), ("kv", "local.kv"), ("scoring", "local.scoring"),
+                        ("vllm_engine", "local.vllm"), ("client", "remote.client"),
+                        ("sglang_http", "remote.sglang_http"), ("vllm_http", "remote.vllm_http"),
+                        ("vllm_nccl", "remote.vllm_nccl"), ("supervisor", "remote.supervisor"),
+                        ("processes", "remote.processes"), ("failures", "remote.failures"),
+                        ("balance", "remote.balance"), ("server", "serving.routes"))},
 }
 
 

@@ -9,7 +9,7 @@ that group under the engine supervisor (``--use-fault-tolerance``).
   An actor failure stops the run.
 * With ``--use-fault-tolerance`` the manager's group is a ``TolerantEngineGroup``. The policy --
   health checks, re-issue, restart with the newest weights, restart budget, the metrics -- is
-  ``rlvr.engine.supervisor.EngineSupervisor``'s, the same code local mode runs over ``rlvr serve``
+  ``rlvr.engine.remote.supervisor.EngineSupervisor``'s, the same code local mode runs over ``rlvr serve``
   processes. What is Ray's:
 * ``RayActors``, the supervisor's transport over ``EngineActor``s: ``launch`` creates an actor in
   engine ``i``'s bundle (``make_engine_actor``), ``send`` is one ``actor.generate.remote`` per prompt
@@ -37,31 +37,35 @@ from rlvr.config import Config, EngineConfig
 from rlvr.distributed.failures import get_all, get_one
 from rlvr.distributed.placement import Plan, actor_setup, in_bundle, placement_info
 from rlvr.distributed.weight_sync import checksum, from_store
-from rlvr.engine.balance import Affinity
-from rlvr.engine.base import GenerateRequest, GenerateResult
-from rlvr.engine.supervisor import DOWN, STARTUP_TIMEOUT, EngineDown, EngineSupervisor
+from rlvr.engine.remote.balance import Affinity
+from rlvr.engine.base import Engine, GenerateRequest, GenerateResult
+from rlvr.engine.remote.supervisor import DOWN, STARTUP_TIMEOUT, EngineDown, EngineSupervisor
 
 log = logging.getLogger(__name__)
 
 
 class EngineActor:
-    """One embedded engine in its own process (an async Ray actor: many generate calls at once,
-    batched together by the engine). It keeps no config: it receives the whole ``Config`` only to
-    run the builder (``rlvr.runtime.build.embedded_engine``) in its own process, which hands the
-    engine its groups."""
+    """One engine in its own process (an async Ray actor: many generate calls at once, batched
+    together by the engine): the run's engine kind, whose traits say it runs as an actor (the
+    embedded engine; ``rlvr.config.engine_kinds``). It keeps no config: it receives the whole
+    ``Config`` only to run the builder (``rlvr.runtime.engines.build_engine``) in its own process,
+    which hands the engine its groups."""
 
     def __init__(self, cfg: Config, index: int, cwd: str):
         actor_setup(cwd)
-        from rlvr.runtime.build import embedded_engine, load_tokenizer
+        from rlvr.config.engine_kinds import KINDS
+        from rlvr.runtime.build import build_engine, load_tokenizer
         from rlvr.core.device import for_actor
 
+        if not KINDS[cfg.engine_kind].ray_actors:  # the config refuses it; an actor built by hand too
+            raise ValueError(f"{cfg.engine_kind.value} engines do not run as Ray engine actors")
         tokenizer = load_tokenizer(cfg.train.hf_checkpoint)
         self.device = for_actor(cfg.cluster.gpus_per_engine > 0)  # its bundle's GPU (shared when colocated)
         # Engine i samples from its own stream (seed + i); one engine samples as local mode's does.
         from rlvr.train import lora
 
         model = lora.engine_model(cfg.train) if lora.enabled(cfg.train) else cfg.train.hf_checkpoint
-        self.engine = embedded_engine(cfg, model, tokenizer, device=self.device, seed=cfg.train.seed + index)
+        self.engine = build_engine(cfg, model, tokenizer, device=self.device, seed=cfg.train.seed + index)
 
     def placement(self) -> dict:
         """Where Ray put this engine (tests): GPU ids, CUDA_VISIBLE_DEVICES, device."""
@@ -136,7 +140,7 @@ def make_engine_actor(cfg: Config, pg, p: Plan, cwd: str, i: int):
                                            ).remote(cfg, i, cwd)
 
 
-class EngineGroup:
+class EngineGroup(Engine):
     """The ``Engine`` protocol over M engine actors, balanced by outstanding requests; not
     supervised: the first actor failure stops the run (``TolerantEngineGroup`` is the supervised one)."""
 
@@ -291,7 +295,7 @@ class RayActors:
         pass
 
 
-class TolerantEngineGroup:
+class TolerantEngineGroup(Engine):
     """``EngineGroup``'s methods over ``EngineSupervisor`` + ``RayActors``; see the module docstring."""
 
     def __init__(self, make: Callable[[int], object], engine: EngineConfig, n: int):

@@ -24,7 +24,6 @@ colocated engines (docs/scaling.md).
 
 from __future__ import annotations
 
-import socket
 from datetime import timedelta
 from pathlib import Path
 
@@ -37,15 +36,10 @@ from rlvr.distributed.failures import get_all
 from rlvr.distributed.placement import Plan, actor_setup, in_bundle, placement_info
 from rlvr.distributed.weight_sync import WeightsRef, checksum, from_store, to_store
 from rlvr.train.guard import stop_if_exhausted
+from rlvr.core.net import free_port
 from rlvr.core.types import Sample
 
 PROCESS_GROUP_TIMEOUT = timedelta(minutes=10)  # a rank stuck longer than this in a collective fails
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 class TrainWorker:
@@ -63,7 +57,7 @@ class TrainWorker:
 
     def address(self) -> tuple[str, int]:
         """Rank 0's address for the process group's rendezvous."""
-        return ray.util.get_node_ip_address(), free_port()
+        return ray.util.get_node_ip_address(), free_port("")
 
     def setup(self, host: str, port: int) -> int:
         import torch.distributed as dist

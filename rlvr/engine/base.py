@@ -3,29 +3,26 @@
 An engine turns token-id prompts into sampled responses and returns, for every sampled token,
 its log-probability under the sampling distribution (temperature applied) — the behaviour
 policy q — and the weight version that produced it. The embedded engine
-(``rlvr.engine.embedded``) implements it in-process; ``rlvr.engine.client.HttpEngine`` speaks
+(``rlvr.engine.local.embedded``) implements it in-process; ``rlvr.engine.remote.client.HttpEngine`` speaks
 SGLang's HTTP protocol to ``rlvr serve`` or a real SGLang server behind the same methods.
 
 Finish reasons: ``stop`` (a stop token id or stop string), ``length`` (``max_new_tokens``),
 ``abort`` (``abort()`` or a cancelled call; the tokens so far come back), ``error`` (the
 request failed; ``meta["error"]`` says why — the rollout marks the sample FAILED).
 
-An engine may also have ``stats() -> dict[str, float]`` (cumulative counters, e.g. the
-supervisor's ``rollout/engine_restarts``) and ``close()``; the rollout logs the first with every
-rollout, the driver calls the second at the end of the run.
+Every ability a caller uses is on the protocol: ``stream``, ``stats``, ``rng_state`` /
+``set_rng_state`` and ``close`` have defaults (one increment, none, None, nothing), which an engine
+gets by naming ``Engine`` as its base.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Protocol, TypeVar
+from typing import Any, AsyncIterator, Iterable, Mapping, Protocol
 
 import torch
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
-Handle = TypeVar("Handle")
 
 
 @dataclass(frozen=True)
@@ -83,6 +80,16 @@ class GenerateResult:
 
 
 class Engine(Protocol):
+    """What the rollout, the agents and the driver call on an engine. An engine class names it as its
+    base (``class HttpEngine(Engine)``) and so gets the defaults of the abilities it has no use for;
+    callers call every method here on any engine, never probing for one."""
+
+    _version: int = 0  # the weight version the engine holds (set by ``update_weights``)
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
     async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         """Sample every request; many concurrent calls are batched together, and each call
         returns as soon as its own requests are done (one result per request, in order)."""
@@ -106,40 +113,27 @@ class Engine(Protocol):
         """Undo ``sleep``; the weights must be pushed with ``update_weights`` before generating."""
         ...
 
-    @property
-    def weight_version(self) -> int: ...
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[GenerateResult]:
+        """``request``'s result in increments: ``GenerateResult``s of the tokens sampled since the
+        last one (finish reason ``""``), then one with the finish reason and no token. By default the
+        whole result is one increment (an engine that streams token by token overrides it)."""
+        (r,) = await self.generate([request])
+        if r.token_ids:
+            yield GenerateResult(r.rid, list(r.token_ids), list(r.log_probs), "", r.weight_version, {},
+                                 list(r.weight_versions) or [r.weight_version] * len(r.token_ids))
+        yield GenerateResult(r.rid, [], [], r.finish_reason, r.weight_version, r.meta, [])
 
+    def stats(self) -> dict[str, float]:
+        """Cumulative counters the rollout logs with every rollout (e.g. the supervisor's
+        ``rollout/engine_restarts``); none by default."""
+        return {}
 
-# ---- engines that decode on a worker thread (the embedded engine, vLLM in process) -------------
-async def await_worker(submit: Callable[[Callable[[Any], None]], Handle], cancel: Callable[[Handle], None]):
-    """``submit(done)`` hands a call to the engine's worker thread, which calls ``done`` once with the
-    results or an exception; this awaits that outcome on the caller's event loop. If the awaiting task
-    is cancelled, ``cancel(handle)`` (``handle``: what ``submit`` returned) tells the worker to stop."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future = loop.create_future()
-    handle = submit(lambda outcome: loop.call_soon_threadsafe(_resolve, future, outcome))
-    try:
-        return await future
-    except asyncio.CancelledError:
-        cancel(handle)
-        raise
+    def rng_state(self) -> Any:
+        """The engine's sampler state for a checkpoint; None: it keeps none here (a server keeps its own)."""
+        return None
 
+    def set_rng_state(self, state: Any) -> None:
+        """Restore ``rng_state``'s state (nothing to restore by default)."""
 
-def wait_worker(submit: Callable[[Callable[[Any], None]], Any]):
-    """``await_worker`` for callers without an event loop (tests, benchmarks): blocks until ``done``."""
-    box: list = []
-    event = threading.Event()
-    submit(lambda outcome: (box.append(outcome), event.set()))
-    event.wait()
-    if isinstance(box[0], BaseException):
-        raise box[0]
-    return box[0]
-
-
-def _resolve(future: asyncio.Future, outcome) -> None:
-    if future.done():  # cancelled by the caller
-        return
-    if isinstance(outcome, BaseException):
-        future.set_exception(outcome)
-    else:
-        future.set_result(outcome)
+    def close(self) -> None:
+        """Stop the engine at the end of the run (nothing to stop by default)."""

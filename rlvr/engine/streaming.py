@@ -2,8 +2,8 @@
 
 ``stream_generate(engine, request)`` yields increments of one request's result: ``GenerateResult``s
 holding the tokens sampled since the last one (finish reason ``""``), then a last one with the
-finish reason. The embedded engine streams token by token (``EmbeddedEngine.stream``); an engine
-without a ``stream`` method (HTTP, Ray actors) gives its whole result as one increment.
+finish reason. The embedded engine streams token by token (``EmbeddedEngine.stream``); other engines
+(HTTP, Ray actors) give their whole result as one increment (``Engine.stream``'s default).
 
 ``TextStream`` turns token increments into text deltas that are safe to send: the text up to the
 first "held" string (a stop string, ``<tool_call>``: what follows is not content), never a
@@ -19,20 +19,12 @@ from __future__ import annotations
 
 from typing import AsyncIterator
 
-from rlvr.engine.base import GenerateRequest, GenerateResult
+from rlvr.engine.base import Engine, GenerateRequest, GenerateResult
 
 
-async def stream_generate(engine, request: GenerateRequest) -> AsyncIterator[GenerateResult]:
-    """Increments of ``request``'s result (module docstring)."""
-    if hasattr(engine, "stream"):
-        async for piece in engine.stream(request):
-            yield piece
-        return
-    (r,) = await engine.generate([request])
-    if r.token_ids:
-        yield GenerateResult(r.rid, list(r.token_ids), list(r.log_probs), "", r.weight_version, {},
-                             list(r.weight_versions) or [r.weight_version] * len(r.token_ids))
-    yield GenerateResult(r.rid, [], [], r.finish_reason, r.weight_version, r.meta, [])
+def stream_generate(engine: Engine, request: GenerateRequest) -> AsyncIterator[GenerateResult]:
+    """Increments of ``request``'s result (module docstring): the engine's ``stream``."""
+    return engine.stream(request)
 
 
 def safe_prefix(text: str, holds: tuple[str, ...]) -> str:

@@ -1,5 +1,5 @@
 """``rlvr serve``: a checkpoint behind SGLang's HTTP routes and OpenAI-compatible ones
-(``rlvr.engine.server`` holds the routes), on 127.0.0.1 unless ``--host`` says otherwise.
+(``rlvr.engine.serving.routes`` holds the routes), on 127.0.0.1 unless ``--host`` says otherwise.
 
 The flags are parsed before anything heavy is imported (``rlvr serve --help`` loads no torch);
 the engine is built by the same builder as local mode's and Ray's engines
@@ -60,7 +60,7 @@ def main(argv: list[str]) -> None:
 
     from rlvr.core.device import resolve
     from rlvr.data.tokenizer import load_tokenizer
-    from rlvr.engine.server import Server
+    from rlvr.engine.serving.routes import Server
     from rlvr.runtime.build import embedded_engine
 
     cfg = engine_config(a)

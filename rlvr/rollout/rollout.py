@@ -112,10 +112,10 @@ class Rollout:
 
     def rng_state(self):
         """The engine's sampler state (None for an engine without one: a server keeps its own)."""
-        return self.engine.rng_state() if hasattr(self.engine, "rng_state") else None
+        return self.engine.rng_state()
 
     def set_rng_state(self, state) -> None:
-        if state is not None and hasattr(self.engine, "set_rng_state"):
+        if state is not None:
             self.engine.set_rng_state(state)
 
     def health(self) -> list[bool]:
@@ -163,8 +163,7 @@ class Rollout:
             out |= {f"passrate/{k}": v for k, v in pass_rates([s.scalar_reward() for s in samples], n).items()}
         out["perf/rollout_time"] = elapsed
         out["perf/rollout_tokens_per_s"] = sum(s.response_length for s in samples) / max(elapsed, 1e-9)
-        if hasattr(self.engine, "stats"):  # e.g. the supervisor's engine restarts
-            out |= self.engine.stats()
+        out |= self.engine.stats()  # e.g. the supervisor's engine restarts
         # Trained at policy version rollout_id: a sample is as stale as its oldest token.
         staleness = [rollout_id - min(s.weight_versions) for s in samples if s.weight_versions]
         if staleness:
@@ -341,7 +340,7 @@ class Rollout:
     async def _run_groups(self, groups: list[list[Sample]], params: SamplingParams, shape: bool) -> None:
         """Generate and grade ``groups``: each its own call, graded as soon as it is back, or with
         ``deterministic`` all in one call in index order, so that the engine's decode schedule
-        (rlvr.engine.embedded, deterministic mode) is a function of the groups alone."""
+        (rlvr.engine.local.embedded, deterministic mode) is a function of the groups alone."""
         if self.deterministic and not self._agent_generates():
             await self._generate_groups(groups, params)
             await asyncio.gather(*(self._grade_group(group, shape) for group in groups))

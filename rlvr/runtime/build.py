@@ -11,7 +11,6 @@ for the same ``Components`` made of actor-group proxies, whose actors call the b
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -25,6 +24,8 @@ from rlvr.core.errors import ConfigError
 from rlvr.rewards.grader import Grader
 from rlvr.rollout.rollout import Rollout
 from rlvr.runtime import plugins
+from rlvr.runtime.engines import (build_engine, embedded_engine, engine_shares_trainer_weights,  # noqa: F401
+                                  engine_starts_from_checkpoint, lora_engines_merge, routed_top_k, vllm_lora)
 from rlvr.runtime.roles import RolloutRole, TrainerRole
 from rlvr.runtime.slime_source import slime_data_source
 from rlvr.train import lora
@@ -100,7 +101,7 @@ def build_local(cfg: Config) -> Components:
     if lora.enabled(cfg.train) and engine_starts_from_checkpoint(cfg):  # the same policy at version 0
         engine.update_weights(trainer.weights(), version=0)
     rollout = make_rollout(cfg, engine, tokenizer, records)
-    return Components(tokenizer, rollout, trainer, read_eval_sets(cfg), close=getattr(engine, "close", lambda: None))
+    return Components(tokenizer, rollout, trainer, read_eval_sets(cfg), close=engine.close)
 
 
 def make_trainer(cfg: Config, parallel=None, device=None) -> Trainer:
@@ -116,27 +117,6 @@ def make_trainer(cfg: Config, parallel=None, device=None) -> Trainer:
                    teacher=teacher_of(cfg.algo, cfg.reward, cfg.train),
                    device=device if device is not None else resolve(cfg.cluster.device),
                    lora_sync_merged=lora_engines_merge(cfg), custom_tis=plugins.custom_tis(cfg.algo))
-
-
-def lora_engines_merge(cfg: Config) -> bool:
-    """Whether the engines take merged weights rather than LoRA adapters: SGLang-protocol servers
-    and local mode's `rlvr serve` processes hold plain models; embedded engines (local or Ray actors)
-    hold the LoRA-wrapped one, and vLLM serves the adapter through its LoRA route."""
-    return not cfg.cluster.ray and cfg.engine.rollout_engine != "vllm" and engine_starts_from_checkpoint(cfg)
-
-
-def vllm_lora(cfg: Config) -> dict:
-    """The vLLM engines' LoRA settings: the trainer's adapter rank and alpha, or none."""
-    rank, alpha = lora.rank_and_alpha(cfg.train) if lora.enabled(cfg.train) else (0, None)
-    return {"lora_rank": rank, "lora_alpha": alpha}
-
-
-def engine_starts_from_checkpoint(cfg: Config) -> bool:
-    """Whether the engine loads ``--hf-checkpoint`` itself (vLLM, servers, engine processes) rather
-    than taking the trainer's model: with LoRA its policy then differs from the trainer's at version 0
-    (an ``--lora-adapter-path`` adapter; for vLLM, no adapter loaded yet)."""
-    e = cfg.engine
-    return e.rollout_engine == "vllm" or bool(e.rollout_external_engine_addrs or e.uses_engine_processes)
 
 
 def make_rollout(cfg: Config, engine, tokenizer, records) -> Rollout:
@@ -178,85 +158,6 @@ def make_agent(cfg: Config, engine, tokenizer, tools: dict | None = None, args=N
                  chat_template=cfg.data.chat_template_kwargs() if cfg.data.apply_chat_template else None,
                  max_response_len=cfg.rollout.rollout_max_response_len,
                  failure_value=cfg.reward.reward_failure_value, sandbox_limits=limits)
-
-
-def build_engine(cfg: Config, model, tokenizer):
-    """The embedded engine on ``model`` (a module or a checkpoint path), a client of the
-    ``--rollout-external-engine-addrs`` servers (started on the same checkpoint: version 0), or
-    supervised server processes of ``--hf-checkpoint`` (``--rollout-num-engines`` > 1 or
-    ``--use-fault-tolerance``; the trainer starts from that checkpoint too: version 0), or vLLM in
-    process on that checkpoint (``--rollout-engine vllm``)."""
-    r = cfg.engine
-    if r.uses_engine_processes:  # supervised `rlvr serve` processes (restarted with --use-fault-tolerance)
-        from rlvr.engine.processes import ServeProcesses
-        from rlvr.engine.supervisor import EngineSupervisor
-
-        checkpoint = model if isinstance(model, (str, Path)) else cfg.train.hf_checkpoint
-        processes = ServeProcesses(checkpoint, seed=cfg.train.seed, max_running_requests=r.rollout_max_running_requests,
-                                   log_dir=Path(cfg.run.output_dir) / "engines", routed_experts_top_k=routed_top_k(cfg),
-                                   deterministic=cfg.run.deterministic_mode)
-        return EngineSupervisor(processes, r)
-    if r.rollout_external_engine_addrs and r.rollout_engine == "vllm":  # vLLM's OpenAI API servers (dev mode)
-        from rlvr.engine.vllm_http import VllmHttpEngine
-        import torch
-
-        from rlvr.engine.vllm_nccl import choose_weight_transfer
-
-        transfer = choose_weight_transfer(r.vllm_weight_transfer, torch.cuda.is_available())
-        return VllmHttpEngine(r.rollout_external_engine_addrs, timeout=r.rollout_external_engine_timeout,
-                              transfer=transfer, transfer_master=r.vllm_weight_transfer_master,
-                              **vllm_lora(cfg))
-    if r.rollout_external_engine_addrs:
-        from rlvr.engine.client import HttpEngine
-
-        return HttpEngine(r.rollout_external_engine_addrs, timeout=r.rollout_external_engine_timeout,
-                          retries=r.rollout_external_engine_retries, routed_experts_top_k=routed_top_k(cfg))
-    if r.rollout_engine == "vllm":  # vLLM in this process, started on the checkpoint (version 0)
-        from rlvr.core.device import resolve
-        from rlvr.engine.vllm_engine import VllmEngine
-
-        return VllmEngine(model if isinstance(model, (str, Path)) else cfg.train.hf_checkpoint, seed=cfg.train.seed,
-                          max_running_requests=r.rollout_max_running_requests, kv_cache_gb=r.vllm_kv_cache_gb,
-                          device=str(resolve(cfg.cluster.device)), **vllm_lora(cfg))
-    return embedded_engine(cfg, model, tokenizer)
-
-
-def embedded_engine(cfg: Config, model, tokenizer, device=None, seed: int | None = None):
-    """The embedded engine on ``model`` (a module: the module itself where
-    ``engine_shares_trainer_weights``, else a copy on its device; a path: loaded on ``device``),
-    with ``--rollout-max-running-requests`` slots and the ``--sglang-mem-fraction-static`` memory
-    budget. Local mode and Ray's engine actors both build it here."""
-    from rlvr.engine.embedded import EmbeddedEngine
-
-    r = cfg.engine
-    if cfg.run.deterministic_mode:  # before the engine's first CUDA call (rlvr.core.determinism)
-        use_deterministic_mode()
-    share = not isinstance(model, (str, Path)) and device is None and engine_shares_trainer_weights(cfg)
-    return EmbeddedEngine(model, pad_token_id=tokenizer.pad_token_id, seed=cfg.train.seed if seed is None else seed,
-                          max_batch_size=r.rollout_max_running_requests, tokenizer=tokenizer, device=device,
-                          mem_fraction=r.sglang_mem_fraction_static,
-                          return_routed_experts=cfg.train.use_rollout_routing_replay,
-                          deterministic=cfg.run.deterministic_mode, share_weights=share)
-
-
-def engine_shares_trainer_weights(cfg: Config) -> bool:
-    """Whether local mode's embedded engine samples from the trainer's own module rather than a
-    copy of it (one float32 copy of the weights fewer): in a synchronous run sampling and training
-    take turns, and with ``--update-weights-interval 1`` every rollout is sampled from the latest
-    weights, which are then the trainer's. Not under ``--async`` (the two run at once),
-    ``--colocate`` (the engine's sleep frees its weights) or R3 (the engine's routing recorder
-    would also record the trainer's forwards)."""
-    a = cfg.asynchronous
-    return (not cfg.cluster.ray and not a.async_train and a.update_weights_interval == 1 and not cfg.cluster.colocate
-            and not cfg.train.use_rollout_routing_replay)
-
-
-def routed_top_k(cfg: Config) -> int:
-    """R3 with engine servers: the experts per token the servers' routing comes in (0 = not asked for)."""
-    if not cfg.train.use_rollout_routing_replay:
-        return 0
-    config = json.loads((Path(cfg.train.hf_checkpoint) / "config.json").read_text())
-    return int(config.get("text_config", config)["num_experts_per_tok"])
 
 
 def check_fits_micro_batch(cfg: Config, records: PromptDataset) -> None:

@@ -11,7 +11,7 @@ flags below are the rest, each with one rule, and ``docs/slime_flags.md`` is thi
   Megatron model shape that is not the checkpoint's): ``ConfigError`` saying what to use instead.
   An ``ignored`` flag is refused the same way when its value is not its neutral one.
 * ``builtin`` -- asks for what rlvr always does (``--use-slime-router``: every request goes to the
-  least-loaded engine, ``rlvr.engine.balance``). Accepted silently.
+  least-loaded engine, ``rlvr.engine.remote.balance``). Accepted silently.
 * ``alias`` -- slime's second name for an rlvr field (``--sglang-max-running-requests`` is
   ``--rollout-max-running-requests``): sets that field.
 
@@ -119,7 +119,7 @@ _add("ignored", "sglang_disable_radix_cache sglang_enable_metrics",
      "SGLang server tuning; the embedded engine has no such switch and caches no prefixes", takes_value=False,
      topic=_SGLANG)
 _add("builtin", "use_slime_router", "rlvr always sends each request to the engine with the fewest outstanding "
-     "requests (rlvr.engine.balance), slime's router policy", takes_value=False)
+     "requests (rlvr.engine.remote.balance), slime's router policy", takes_value=False)
 _add("alias", "sglang_max_running_requests", "", target="rollout_max_running_requests")
 # ---- values that would change the result ---------------------------------------------------
 _add("refused", "custom_loss_function_path loss_type",

@@ -3,8 +3,8 @@
 Every engine group sends a call to the candidate with the fewest requests outstanding (sent and
 not yet answered), so long and short calls even out across engines; ties go to the first
 candidate, so an idle group fills its engines in order. Used by the supervisor
-(``rlvr.engine.supervisor``, local processes and Ray actors), ``HttpEngine``
-(``rlvr.engine.client``) and the plain Ray ``EngineGroup`` (``rlvr.distributed.rollout_manager``).
+(``rlvr.engine.remote.supervisor``, local processes and Ray actors), ``HttpEngine``
+(``rlvr.engine.remote.client``) and the plain Ray ``EngineGroup`` (``rlvr.distributed.rollout_manager``).
 
 A request that names a ``session`` (every turn of one multi-turn sample: ``GenerateRequest.session``)
 goes where the session's first request went, as long as that engine is a candidate (up), so its

@@ -11,7 +11,7 @@ How it is fast for RL's shape (n samples of one prompt, very uneven lengths):
   run through the model once and its KV cache fanned out to the group's rows.
 - **Finished rows leave at once** and **waiting requests join** the running batch as soon as
   there are free slots (``max_batch_size`` rows), so no slot idles through the long tail.
-A single worker thread owns the model and the batch (``rlvr.engine.kv``); it decodes one token
+A single worker thread owns the model and the batch (``rlvr.engine.local.kv``); it decodes one token
 for every row per step. Callers only touch queues under a condition variable.
 
 Deterministic mode (``deterministic=True``, ``--deterministic-mode``): which rows share a forward
@@ -57,14 +57,14 @@ import logging
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from functools import partial
 from typing import AsyncIterator, Callable, Iterable, Mapping
 
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
-from rlvr.engine import kv
-from rlvr.engine.base import GenerateRequest, GenerateResult, SamplingParams, await_worker, wait_worker
+from rlvr.engine.local import kv
+from rlvr.engine.base import GenerateRequest, GenerateResult, SamplingParams
+from rlvr.engine.local.worker import Call, WorkerEngine, check_requests
 from rlvr.engine.sampling import filter_logits, sample_next, top_log_probs
 from rlvr.models.moe import RoutingRecorder
 
@@ -72,25 +72,9 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class _Call:
-    """One ``generate`` call: its results fill in as rows finish; ``done`` fires once at the end."""
-
-    results: list[GenerateResult | None]
-    done: Callable[[list[GenerateResult] | BaseException], None]
-    left: int = 0
-    cancelled: bool = False
-
-    def finish(self, i: int, result: GenerateResult) -> None:
-        self.results[i] = result
-        self.left -= 1
-        if self.left == 0:
-            self.done(self.results)
-
-
-@dataclass
 class _Row:
     req: GenerateRequest
-    call: _Call
+    call: Call
     index: int  # position in the call
     seq: int  # submission order, for abort()
     generator: torch.Generator  # this request's own sampling stream
@@ -122,8 +106,9 @@ class _Lane:
     batch: kv.KVBatch | None = None
 
 
-class EmbeddedEngine:
-    """In-process engine. Holds its own copy of the weights (the trainer pushes new ones), except a
+class EmbeddedEngine(WorkerEngine):
+    """In-process engine on ``rlvr.engine.local.worker``'s skeleton, its step a decode step. Holds
+    its own copy of the weights (the trainer pushes new ones), except a
     LoRA policy's frozen base, which it shares with the trainer; with ``share_weights`` it samples
     from the trainer's module itself (``_shared_model``) and a weight update only moves the version."""
 
@@ -142,24 +127,10 @@ class EmbeddedEngine:
         deterministic: bool = False,
         share_weights: bool = False,
     ):
-        self._shared: set[str] = set()  # parameters that are the trainer's own tensors (never written here)
+        super().__init__()
         self.shares_weights = share_weights
-        if share_weights:
-            self.model, self._shared = _shared_model(model, device, dtype)
-        elif isinstance(model, PreTrainedModel):
-            self.model, self._shared = _copied_model(model, device, dtype)
-        else:
-            self.model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
-        device = torch.device(device) if device is not None else next(self.model.parameters()).device
-        # What a weight update must bring: every parameter, or only the adapters of a LoRA-wrapped
-        # model (rlvr.train.lora: its frozen base never changes, so it is neither sent nor freed);
-        # nothing when the engine samples from the trainer's own tensors.
-        self._synced = {n for n, p in self.model.named_parameters() if p.requires_grad and n not in self._shared}
-        if not share_weights:  # the trainer's module keeps its precision, mode and trainable flags
-            # dtype: the engine's precision when it differs from the model's (e.g. bfloat16 sampling
-            # for a float32 trainer, the train-inference mismatch R3 and TIS correct).
-            self.model.to(device, dtype=dtype).eval()
-            self.model.requires_grad_(False)
+        # _shared: the trainer's own tensors (never written here); _synced: what a weight update must bring
+        self.model, self._shared, self._synced, device = _engine_model(model, device, dtype, share_weights)
         # R3 (--enable-return-routed-experts): every result carries the experts each MoE layer's
         # router chose for every position it ran (prompt and sampled tokens): rlvr.models.moe.
         self.routing = RoutingRecorder(self.model) if return_routed_experts else None
@@ -173,36 +144,20 @@ class EmbeddedEngine:
         self.kv_token_bytes = kv.bytes_per_token(self.model, device) if kv_budget_bytes is not None else 0
         self.steps = 0  # decode steps run so far (tests measure abort latency with it)
         self.peak_running = 0  # most rows ever in the batch at once (tests check the KV budget with it)
-        self._version = 0
-        self._cv = threading.Condition()
         self._step_lock = threading.Lock()  # held for one model step; weight updates wait for it
         self._pending: deque[_Group] = deque()
         self._lanes: list[_Lane] = []  # the running rows: one lane, or one per pack in deterministic mode
-        self._seq = itertools.count()
         self._pack_ids = itertools.count()
-        self._abort_before = 0  # rows with seq below this are aborted
-        self._abort_rids: set[str] = set()
         self._asleep: dict[str, torch.Size] | None = None
         self._needs_weights = False
-        self._closed = False
-        self._worker: threading.Thread | None = None
 
     @property
     def routing_shape(self) -> tuple[int, int]:
         """(MoE layers, experts per token) of the recorded routing."""
         return len(self.routing.routers), int(self.routing.routers[0].top_k)
 
-    # ---- protocol -------------------------------------------------------------------------
-    @property
-    def weight_version(self) -> int:
-        return self._version
-
-    async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
-        if not requests:
-            return []
-        return await await_worker(partial(self._submit, requests), self._cancel)
-
-    def _cancel(self, call: _Call) -> None:
+    # ---- protocol (generate, generate_sync, abort, close: rlvr.engine.local.worker) -------------
+    def _cancel(self, call: Call) -> None:
         call.cancelled = True  # the worker aborts its rows at the next step
         self._wake_worker()
 
@@ -235,12 +190,6 @@ class EmbeddedEngine:
             if not finished:  # the consumer stopped reading (client gone): abort the row
                 self._cancel(call)
 
-    def generate_sync(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
-        """``generate`` for callers without an event loop (tests, benchmarks)."""
-        if not requests:
-            return []
-        return wait_worker(partial(self._submit, requests))
-
     def update_weights(
         self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int
     ) -> None:
@@ -266,21 +215,13 @@ class EmbeddedEngine:
             self._needs_weights = False
 
     def score(self, sequences: list[list[int]], temperature: float = 1.0) -> list[list[float | None]]:
-        """Input log-probs of each sequence (``rlvr.engine.scoring``), between two decode steps."""
-        from rlvr.engine.scoring import input_log_probs
+        """Input log-probs of each sequence (``rlvr.engine.local.scoring``), between two decode steps."""
+        from rlvr.engine.local.scoring import input_log_probs
 
         with self._step_lock:
             if self._asleep is not None:
                 raise RuntimeError("score: the engine is asleep; wake it first")
             return [input_log_probs(self.model, ids, temperature) for ids in sequences]
-
-    def abort(self, rid: str | None = None) -> None:
-        with self._cv:
-            if rid is None:
-                self._abort_before = next(self._seq)
-            else:
-                self._abort_rids.add(rid)
-            self._cv.notify_all()
 
     def load(self) -> dict[str, int]:
         """What the engine is doing now (SGLang's ``/get_load`` fields, plus decode steps so far)."""
@@ -290,8 +231,7 @@ class EmbeddedEngine:
         return {"num_reqs": running + waiting, "num_waiting_reqs": waiting, "decode_steps": self.steps}
 
     def health(self) -> bool:
-        worker_ok = self._worker is None or self._worker.is_alive()
-        return worker_ok and not self._closed and self._asleep is None
+        return self._worker_ok() and not self._closed and self._asleep is None
 
     # ---- checkpoint: the sampling generator, so a resumed run continues the same stream ------
     def rng_state(self) -> torch.Tensor:
@@ -328,24 +268,14 @@ class EmbeddedEngine:
             self._asleep, self._needs_weights = None, True
             self._cv.notify_all()
 
-    def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
-        if self._worker is not None:
-            self._worker.join()
-
     # ---- submission (caller threads) ---------------------------------------------------------
-    def _submit(self, requests: list[GenerateRequest], done, on_token=None) -> _Call:
-        for r in requests:
-            if not r.prompt_ids:
-                raise ValueError(f"generate: request {r.rid!r} has an empty prompt")
-            r.params.check()
-            if r.params.stop and self.tokenizer is None:
-                raise ValueError("generate: stop strings need an engine built with tokenizer=")
+    def _submit(self, requests: list[GenerateRequest], done, on_token=None) -> Call:
+        check_requests(requests)
+        if any(r.params.stop for r in requests) and self.tokenizer is None:
+            raise ValueError("generate: stop strings need an engine built with tokenizer=")
         if self._asleep is not None or self._needs_weights:
             raise RuntimeError("generate: the engine is asleep or woke without weights; wake() + update_weights()")
-        call = _Call([None] * len(requests), done, left=len(requests))
+        call = Call.of(requests, done)
         groups: dict[tuple[int, ...], list[_Row]] = {}
         with self._cv:
             if self._closed:
@@ -364,7 +294,7 @@ class EmbeddedEngine:
                 self._pending.extend(self._packs(groups))
             else:
                 self._pending.extend(_Group(list(prompt), rows) for prompt, rows in groups.items())
-            self._ensure_worker()
+            self._start_worker()
             self._cv.notify_all()
         return call
 
@@ -389,32 +319,25 @@ class EmbeddedEngine:
                 widths, rows = widths + need[:take], rows[take:]
         return out
 
-    def _ensure_worker(self) -> None:
-        if self._worker is None or not self._worker.is_alive():
-            self._worker = threading.Thread(target=self._run, name="rlvr-engine", daemon=True)
-            self._worker.start()
-
     def _wake_worker(self) -> None:
         with self._cv:
             self._cv.notify_all()
 
-    # ---- the worker --------------------------------------------------------------------------
-    def _run(self) -> None:
-        while True:
-            with self._cv:
-                while not self._closed and not (self._pending or self._live()):
-                    self._cv.wait()
-                if self._closed:
-                    self._fail_all(RuntimeError("engine closed"))
-                    return
-                self._apply_aborts()
-                admitted = self._admit()
-            if not (admitted or self._live()):
-                continue
-            try:
-                with self._step_lock:
-                    self._step(admitted)
-            except Exception as e:  # contained: the requests in flight end with "error", the engine goes on
+    # ---- the worker's step (its loop: rlvr.engine.local.worker) --------------------------------
+    def _has_work(self) -> bool:
+        return bool(self._pending or self._live())
+
+    def _take_work(self) -> list[_Group]:
+        self._apply_aborts()
+        return self._admit()
+
+    def _step(self, admitted: list[_Group]) -> None:
+        if not (admitted or self._live()):
+            return
+        try:
+            with self._step_lock:
+                self._decode_step(admitted)
+        except Exception as e:  # contained: the requests in flight end with "error", the engine goes on
                 log.exception("engine step failed; %d requests in flight end with finish reason 'error'",
                               self._live() + sum(len(g.rows) for g in admitted))
                 with self._cv:
@@ -515,13 +438,12 @@ class EmbeddedEngine:
             self._pending.popleft()
 
     def _fail_all(self, error: BaseException) -> None:
-        calls = {id(r.call): r.call for r in self._running()}
-        calls |= {id(r.call): r.call for g in self._pending for r in g.rows}
-        self._lanes, self._pending = [], deque()
-        for call in calls.values():
-            if call.left > 0:
-                call.left = 0
-                call.done(error)
+        with self._cv:
+            calls = {id(r.call): r.call for r in self._running()}
+            calls |= {id(r.call): r.call for g in self._pending for r in g.rows}
+            self._lanes, self._pending = [], deque()
+            for call in calls.values():
+                call.fail(error)
 
     def _finish(self, row: _Row, reason: str, meta: dict | None = None) -> None:
         if row.done:
@@ -546,7 +468,7 @@ class EmbeddedEngine:
             lane.rows = lane.rows + new[0]
 
     @torch.no_grad()
-    def _step(self, admitted: list[_Group]) -> None:
+    def _decode_step(self, admitted: list[_Group]) -> None:
         """One decode step for the running rows (a forward per lane), then prefill + first token for
         the admitted groups: joining the running lane, or in deterministic mode each pack a new lane."""
         for lane in self._lanes:
@@ -667,6 +589,32 @@ class EmbeddedEngine:
             else:
                 keep.append(i)
         return keep
+
+
+def _engine_model(model: str | PreTrainedModel, device, dtype, share_weights: bool
+                  ) -> tuple[PreTrainedModel, set[str], set[str], torch.device]:
+    """The module the engine samples from, the names of the trainer's tensors it shares, the names a
+    weight update must bring, and its device. The module is the trainer's own (``share_weights``:
+    it keeps its precision, mode and trainable flags), a copy of a given module, or a checkpoint
+    loaded from disk; a copy or a checkpoint moves to ``device`` and ``dtype`` (the engine's
+    precision when it differs from the model's, e.g. bfloat16 sampling for a float32 trainer, the
+    train-inference mismatch R3 and TIS correct) and is frozen in eval mode. A weight update brings
+    every parameter, or only the adapters of a LoRA-wrapped model (rlvr.train.lora: its frozen base
+    never changes, so it is neither sent nor freed); nothing when the engine samples from the
+    trainer's own tensors."""
+    shared: set[str] = set()
+    if share_weights:
+        model, shared = _shared_model(model, device, dtype)
+    elif isinstance(model, PreTrainedModel):
+        model, shared = _copied_model(model, device, dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    synced = {n for n, p in model.named_parameters() if p.requires_grad and n not in shared}
+    if not share_weights:
+        model.to(device, dtype=dtype).eval()
+        model.requires_grad_(False)
+    return model, shared, synced, device
 
 
 def _copied_model(model: PreTrainedModel, device, dtype) -> tuple[PreTrainedModel, set[str]]:

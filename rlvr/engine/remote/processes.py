@@ -4,9 +4,9 @@ Local mode's engines when ``--rollout-num-engines`` > 1 or ``--use-fault-toleran
 (``rlvr.runtime.build.build_engine``): each engine is a ``python -m rlvr.entrypoints.cli serve`` process on a free port
 (the worktree's code: the process inherits this one's working directory and environment), its
 output in ``log_dir/engine<i>.log``. A request is one ``/generate`` POST in SGLang's wire format
-(``rlvr.engine.sglang_http``); health is ``/health``; weights are written once as
+(``rlvr.engine.remote.sglang_http``); health is ``/health``; weights are written once as
 a safetensors directory and loaded by each engine with ``/update_weights_from_disk``. The policy
-(balance, health checks, restarts, re-issue) is ``rlvr.engine.supervisor.EngineSupervisor``'s.
+(balance, health checks, restarts, re-issue) is ``rlvr.engine.remote.supervisor.EngineSupervisor``'s.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,19 +30,14 @@ import aiohttp
 import torch
 from safetensors.torch import save_file
 
+from rlvr.core.net import free_port
 from rlvr.engine.base import GenerateRequest, GenerateResult
-from rlvr.engine.sglang_http import health as _health
-from rlvr.engine.sglang_http import post as _post
-from rlvr.engine.sglang_http import post_generate
-from rlvr.engine.supervisor import STARTUP_TIMEOUT, EngineDown
+from rlvr.engine.remote.sglang_http import health as _health
+from rlvr.engine.remote.sglang_http import post as _post
+from rlvr.engine.remote.sglang_http import post_generate
+from rlvr.engine.remote.supervisor import STARTUP_TIMEOUT, EngineDown
 
 log = logging.getLogger(__name__)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass(frozen=True)

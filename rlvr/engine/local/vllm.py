@@ -40,20 +40,20 @@ arriving in the same steps. ``--deterministic-mode`` is refused with this engine
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import shutil
 import tempfile
 import threading
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 import torch
 
-from rlvr.engine.base import FINISH_REASONS, GenerateRequest, GenerateResult, SamplingParams, await_worker, wait_worker
+from rlvr.engine.base import FINISH_REASONS, GenerateRequest, GenerateResult, SamplingParams
+from rlvr.engine.local.worker import Call, WorkerEngine, check_requests
+from rlvr.engine.weights import with_tied_head
 from rlvr.engine.vllm_lora import LORA_ID, LORA_NAME, is_adapter, max_lora_rank, write_adapter
 
 log = logging.getLogger(__name__)
@@ -62,31 +62,10 @@ INSTALL_HINT = ("--rollout-engine vllm needs vLLM: on CPU `make vllm` builds .ve
                 "(run rlvr from that venv); on CUDA `pip install vllm`")
 
 
-def vllm_available() -> bool:
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-@dataclass
-class _Call:
-    results: list[GenerateResult | None]
-    done: Callable[[list[GenerateResult] | BaseException], None]
-    left: int = 0
-
-    def finish(self, i: int, result: GenerateResult) -> None:
-        self.results[i] = result
-        self.left -= 1
-        if self.left == 0:
-            self.done(self.results)
-
-
 @dataclass
 class _Req:
     req: GenerateRequest
-    call: _Call
+    call: Call
     index: int
     seq: int  # submission order: abort() finishes those below a mark, and the vLLM request id
     tokens: list[int] = field(default_factory=list)
@@ -101,8 +80,11 @@ class _Req:
         return f"r{self.seq}"
 
 
-class VllmEngine:
-    """``Engine`` over an in-process vLLM ``LLMEngine`` on the checkpoint ``model`` (module docstring)."""
+class VllmEngine(WorkerEngine):
+    """``Engine`` over an in-process vLLM ``LLMEngine`` on the checkpoint ``model`` (module docstring),
+    on ``rlvr.engine.local.worker``'s skeleton: its step is vLLM's ``step()``."""
+
+    thread_name = "vllm-engine"
 
     def __init__(self, model: str | Path, seed: int = 0, max_running_requests: int = 256, kv_cache_gb: float = 1.0,
                  device: str = "cpu", max_top_logprobs: int = 20, lora_rank: int = 0, lora_alpha: float | None = None):
@@ -120,46 +102,26 @@ class VllmEngine:
                           max_logprobs=max_top_logprobs, kv_cache_memory_bytes=int(kv_cache_gb * 2**30),
                           **({"enable_lora": True, "max_lora_rank": max_lora_rank(lora_rank), "max_loras": 1}
                              if lora_rank else {}))
+        super().__init__()
         self.llm = LLMEngine.from_engine_args(args)
         self.lora_alpha = lora_alpha or 2 * lora_rank  # PEFT's scale alpha / rank; rlvr's default alpha
         self._lora = None  # the LoRA request every request carries, once an adapter was pushed
         shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
         self._lora_dir = Path(tempfile.mkdtemp(prefix="rlvr-vllm-lora-", dir=shm)) if lora_rank else None
-        self._version = 0
-        self._seq = itertools.count()
-        self._cv = threading.Condition()  # guards the queues below; only the worker thread calls into vLLM
+        # only the worker thread calls into vLLM; the skeleton's _cv guards the queues below
         self._controls: list[tuple[Callable[[], None], threading.Event, list]] = []  # run between two steps
         self._incoming: list[_Req] = []  # submitted, not yet added
         self._held: list[_Req] = []  # followers of a prompt: added after the next step
         self._live: dict[str, _Req] = {}  # added to vLLM, unfinished
-        self._abort_before = 0
-        self._abort_rids: set[str] = set()
         self._paused = False
-        self._closed = False
         self._failed: BaseException | None = None
         self.reloads = 0
-        self._worker = threading.Thread(target=self._run, name="vllm-engine", daemon=True)
-        self._worker.start()
+        self._start_worker()
 
-    # ---- protocol -------------------------------------------------------------------------
-    @property
-    def weight_version(self) -> int:
-        return self._version
-
-    async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
-        if not requests:
-            return []
-        return await await_worker(partial(self._submit, requests), self._cancel)
-
+    # ---- protocol (generate, generate_sync, abort, close: rlvr.engine.local.worker) -------------
     def _cancel(self, rows: list[_Req]) -> None:
         for r in rows:
             self.abort(r.vid)
-
-    def generate_sync(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
-        """``generate`` for callers without an event loop (tests, benchmarks)."""
-        if not requests:
-            return []
-        return wait_worker(partial(self._submit, requests))
 
     def update_weights(
         self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int
@@ -172,26 +134,9 @@ class VllmEngine:
                 self._on_worker(lambda: self._load_adapter(version, folder))
                 return
             items = items.items()
-        self._on_worker(lambda: self._reload(version, weights_iterator=self._with_tied_head(items)))
-
-    def _with_tied_head(self, items: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:
-        """The tensors, plus ``lm_head.weight`` = the embeddings where the checkpoint ties them and the
-        sender left the alias out (a module's ``named_parameters``): vLLM's CPU backend keeps its own
-        repacked copy of the head, which a reload of the embeddings alone leaves stale (measured: mean
-        |log-prob gap| 1.7e-3 after a 1e-3 relative perturbation, 5e-6 with the head sent)."""
         tied = bool(getattr(self.llm.model_config.hf_config, "tie_word_embeddings", False))
-        embed, head = None, False
-        for name, t in items:
-            head |= name == "lm_head.weight"
-            if name == "model.embed_tokens.weight":
-                embed = t
-            yield name, t.detach()
-        if tied and embed is not None and not head:
-            yield "lm_head.weight", embed.detach()
-
-    def update_weights_from_path(self, path: str | Path, version: int) -> None:
-        """The same from a checkpoint folder vLLM reads itself (the shape of the server's route)."""
-        self._on_worker(lambda: self._reload(version, weights_path=str(path)))
+        tensors = ((name, t.detach()) for name, t in with_tied_head(items, tied).items())  # rlvr.engine.weights
+        self._on_worker(lambda: self._reload(version, weights_iterator=tensors))
 
     def pause(self) -> None:
         """Hold decoding after the running step (requests stay queued) until ``resume``."""
@@ -202,14 +147,6 @@ class VllmEngine:
     def resume(self) -> None:
         with self._cv:
             self._paused = False
-            self._cv.notify_all()
-
-    def abort(self, rid: str | None = None) -> None:
-        with self._cv:
-            if rid is None:
-                self._abort_before = next(self._seq)
-            else:
-                self._abort_rids.add(rid)
             self._cv.notify_all()
 
     def health(self) -> bool:
@@ -226,21 +163,14 @@ class VllmEngine:
         self.sleep()
 
     def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
-        self._worker.join()
-        self._fail_all(RuntimeError("closed"))  # nothing waits forever on a closed engine
+        super().close()  # the worker ends every call still waiting
         if self._lora_dir is not None:
             shutil.rmtree(self._lora_dir, ignore_errors=True)
 
     # ---- submission (caller threads) ---------------------------------------------------------
     def _submit(self, requests: list[GenerateRequest], done) -> list[_Req]:
-        for r in requests:
-            if not r.prompt_ids:
-                raise ValueError(f"generate: request {r.rid!r} has an empty prompt")
-            r.params.check()
-        call = _Call([None] * len(requests), done, left=len(requests))
+        check_requests(requests)
+        call = Call.of(requests, done)
         with self._cv:
             if self._failed is not None or self._closed:
                 raise RuntimeError(f"vLLM engine is not running: {self._failed or 'closed'}")
@@ -283,37 +213,34 @@ class VllmEngine:
         self._version = version
         self.reloads += 1
 
-    def _run(self) -> None:
-        try:
-            while True:
-                with self._cv:
-                    while not (self._closed or self._controls or
-                               (not self._paused and (self._incoming or self._held or self._live))):
-                        self._cv.wait()
-                    if self._closed:
-                        break
-                    controls, self._controls = self._controls, []
-                    incoming, self._incoming = self._incoming, []
-                    abort_before, abort_rids, self._abort_rids = self._abort_before, self._abort_rids, set()
-                    paused = self._paused
-                for fn, event, box in controls:
-                    try:
-                        fn()
-                    except Exception as e:  # the caller raises it
-                        box.append(e)
-                    event.set()
-                self._admit(incoming)
-                self._apply_aborts(abort_before, abort_rids)
-                if paused:
-                    continue
-                if self._live:
-                    self._collect(self.llm.step())
-                held, self._held = self._held, []  # their prompt's KV is cached now
-                for row in held:
-                    self._add(row)
-        except BaseException as e:  # noqa: B036 - every waiting call must hear of the failure
-            log.exception("vLLM engine worker failed")
-            self._fail_all(e)
+    # ---- the worker's step (its loop: rlvr.engine.local.worker) --------------------------------
+    def _has_work(self) -> bool:
+        return bool(self._controls or (not self._paused and (self._incoming or self._held or self._live)))
+
+    def _take_work(self) -> tuple:
+        controls, self._controls = self._controls, []
+        incoming, self._incoming = self._incoming, []
+        abort_before, abort_rids, self._abort_rids = self._abort_before, self._abort_rids, set()
+        return controls, incoming, abort_before, abort_rids, self._paused
+
+    def _step(self, work: tuple) -> None:
+        """The controls queued between two steps, new requests, aborts, then one vLLM step."""
+        controls, incoming, abort_before, abort_rids, paused = work
+        for fn, event, box in controls:
+            try:
+                fn()
+            except Exception as e:  # the caller raises it
+                box.append(e)
+            event.set()
+        self._admit(incoming)
+        self._apply_aborts(abort_before, abort_rids)
+        if paused:
+            return
+        if self._live:
+            self._collect(self.llm.step())
+        held, self._held = self._held, []  # their prompt's KV is cached now
+        for row in held:
+            self._add(row)
 
     def _admit(self, rows: list[_Req]) -> None:
         """Add each prompt's first request now and the others of its call after the next step."""
@@ -387,11 +314,11 @@ class VllmEngine:
             event.set()
         calls = {id(r.call): r.call for r in rows}
         for call in calls.values():
-            call.done(RuntimeError(f"vLLM engine failed: {error!r}"))
+            call.fail(RuntimeError(f"vLLM engine failed: {error!r}"))
 
 
 def vllm_params(p: SamplingParams):
-    """rlvr's ``SamplingParams`` -> vLLM's. As with SGLang (``rlvr.engine.sglang_http``), only a request
+    """rlvr's ``SamplingParams`` -> vLLM's. As with SGLang (``rlvr.engine.remote.sglang_http``), only a request
     without stop ids ignores EOS; ``seed`` is not passed on (module docstring)."""
     from vllm import SamplingParams as VllmSamplingParams
     from vllm.sampling_params import RequestOutputKind

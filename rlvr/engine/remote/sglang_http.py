@@ -1,8 +1,8 @@
 """SGLang's HTTP protocol, the one client of it: the ``/generate`` wire format (request payload,
 answer parsing, routed experts as base64), the control POSTs and ``/health``. ``HttpEngine``
-(external servers, ``rlvr.engine.client``) and ``ServeProcesses`` (local ``rlvr serve``
-processes under the supervisor, ``rlvr.engine.processes``) both speak it through here; ``rlvr
-serve`` (``rlvr.engine.server``) is its server side.
+(external servers, ``rlvr.engine.remote.client``) and ``ServeProcesses`` (local ``rlvr serve``
+processes under the supervisor, ``rlvr.engine.remote.processes``) both speak it through here; ``rlvr
+serve`` (``rlvr.engine.serving.routes``) is its server side.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The engine-failure policy: what happens to a call whose engine failed it, in one place.
 
-Both engine clients that spread calls over several engines follow it: ``rlvr.engine.client.HttpEngine``
+Both engine clients that spread calls over several engines follow it: ``rlvr.engine.remote.client.HttpEngine``
 (servers rlvr did not start: ``--rollout-external-engine-addrs``) and
-``rlvr.engine.supervisor.EngineSupervisor`` (engines rlvr runs and restarts). A client *reports*
+``rlvr.engine.remote.supervisor.EngineSupervisor`` (engines rlvr runs and restarts). A client *reports*
 what it sees -- an engine failed a call (``failed``), an engine answered (``answered``) -- and asks
 where the next attempt of a call may go (``choices``) and how many attempts a call gets
 (``attempts``). The rules:
@@ -80,12 +80,6 @@ class FailurePolicy:
         ok = [e for e in engines if not self.avoided(e, now)]
         fresh = [e for e in engines if e not in tried]
         return [e for e in fresh if e in ok] or fresh or [e for e in ok if e in tried]
-
-    def forget(self, keep: Iterable[Hashable]) -> None:
-        """Drop the avoidance of engines not in ``keep`` (replaced or removed ones)."""
-        keep = set(keep)
-        with self._lock:
-            self._until = {e: t for e, t in self._until.items() if e in keep}
 
 
 def error_results(requests: list[GenerateRequest], errors: list[str], version: int) -> list[GenerateResult]:

@@ -2,17 +2,17 @@
 
 ``EngineSupervisor`` is an ``Engine`` (``rlvr.engine.base``) over N engines it launches through a
 ``Transport`` -- how one kind of engine is started, probed, killed, fed weights and sent work.
-There are two: ``rlvr.engine.processes.ServeProcesses`` (``rlvr serve`` subprocesses on 127.0.0.1,
+There are two: ``rlvr.engine.remote.processes.ServeProcesses`` (``rlvr serve`` subprocesses on 127.0.0.1,
 over SGLang's HTTP protocol: local mode with ``--rollout-num-engines`` > 1 or
 ``--use-fault-tolerance``) and ``rlvr.distributed.engines.RayActors`` (embedded-engine
 actors under ``--ray --use-fault-tolerance``). The policy below is written once, here, for both.
 
 Calls go to the live engine with the fewest outstanding requests among those the failure policy
-allows (``rlvr.engine.failures``: a call is retried elsewhere, an engine that failed a call is
+allows (``rlvr.engine.remote.failures``: a call is retried elsewhere, an engine that failed a call is
 avoided until it answers a probe or ``--rollout-health-check-timeout`` has passed, a call is given
 up after enough attempts for every engine to use all its restarts -- the policy
-``rlvr.engine.client.HttpEngine`` follows too), the turns of one session
-(multi-turn sample) to one engine while it is up (``rlvr.engine.balance``). A
+``rlvr.engine.remote.client.HttpEngine`` follows too), the turns of one session
+(multi-turn sample) to one engine while it is up (``rlvr.engine.remote.balance``). A
 transport either sends each request on its own (``batched = False``: HTTP, where a prompt group's
 requests spread over the engines) or a whole prompt group in one call (``batched = True``: an
 engine actor prefills the group's prompt once).
@@ -55,9 +55,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from rlvr.engine.balance import Affinity
-from rlvr.engine.base import GenerateRequest, GenerateResult
-from rlvr.engine.failures import FailurePolicy, error_results
+from rlvr.engine.remote.balance import Affinity
+from rlvr.engine.base import Engine, GenerateRequest, GenerateResult
+from rlvr.engine.remote.failures import FailurePolicy, error_results
 from rlvr.config.engine import EngineConfig
 from rlvr.core.testing import fault_point
 
@@ -156,7 +156,7 @@ DOWN = object()  # ``on_live``'s result for an engine that is (or went) down
 STARTUP_TIMEOUT = 180.0  # seconds an engine may take to come up (torch import on a busy CPU)
 
 
-class EngineSupervisor:
+class EngineSupervisor(Engine):
     """``Engine`` over supervised engines reached through ``transport``; see the module docstring.
     ``settings`` is the ``engine`` config group; ``num_engines`` defaults to its ``--rollout-num-engines``."""
 
@@ -197,10 +197,6 @@ class EngineSupervisor:
         log.info("engines up: pids %s", [s.pid for s in self.slots])
 
     # ---- Engine protocol ----------------------------------------------------------------
-    @property
-    def weight_version(self) -> int:
-        return self._version
-
     async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         """One result per request, in order; each call re-issued until an engine that is still up answers it.
         A call re-issued after ``abort()`` (or holding a request aborted by rid) comes back aborted."""

@@ -18,7 +18,7 @@ onwards (``rank_offset``; a worker adds its own rank within its server).
   in threads while the trainer broadcasts the tensors in that order from rank 0; then per server
   ``/finish_weight_update`` (``weight_version``), ``/reset_prefix_cache`` and ``/resume``.
 - A tied head (``model.embed_tokens.weight`` sent without ``lm_head.weight``) gets an
-  ``lm_head.weight`` entry, the rule of the CPU reload route (``rlvr.engine.vllm_http``); on CUDA
+  ``lm_head.weight`` entry, the one rule of every vLLM route (``rlvr.engine.weights``); on CUDA
   vLLM's ``AutoWeightsLoader`` skips a tied model's second name for the shared parameter, so there
   it is a broadcast that is not loaded.
 """
@@ -26,14 +26,15 @@ onwards (``rank_offset``; a worker adds its own rank within its server).
 from __future__ import annotations
 
 import json
-import socket
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable, Mapping
+from typing import Mapping
 
 import torch
 
 from rlvr.core.errors import ConfigError
+from rlvr.core.net import free_port
+from rlvr.engine.weights import with_tied_head
 
 ROUTES = ("reload", "nccl")
 
@@ -50,18 +51,6 @@ def choose_weight_transfer(requested: str, cuda: bool) -> str:
     return requested
 
 
-def with_tied_head(named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
-                   copy: bool = False) -> dict[str, torch.Tensor]:
-    """The tensors in their order, with ``lm_head.weight`` after them for a tied head (the embeddings
-    themselves, or with ``copy`` a copy of them: safetensors stores no shared tensors)."""
-    items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
-    tensors = dict(items)
-    if "model.embed_tokens.weight" in tensors and "lm_head.weight" not in tensors:
-        embed = tensors["model.embed_tokens.weight"]
-        tensors["lm_head.weight"] = embed.clone() if copy else embed
-    return tensors
-
-
 def update_info(tensors: Mapping[str, torch.Tensor]) -> dict:
     """The ``/update_weights`` body: names, dtype names (``float32``) and shapes, in broadcast order."""
     return {"update_info": {"names": list(tensors),
@@ -69,17 +58,11 @@ def update_info(tensors: Mapping[str, torch.Tensor]) -> dict:
                             "shapes": [list(t.shape) for t in tensors.values()]}}
 
 
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 class NcclWeightTransfer:
     """The trainer side of vLLM's NCCL weight transfer to the servers at ``urls`` (``http://host:port``)."""
 
     def __init__(self, urls: list[str], master: str = "127.0.0.1:0", workers_per_server: int = 1,
-                 timeout: float = 600.0):
+                 timeout: float = 600.0, tied_head: bool = True):
         host, _, port = master.rpartition(":")
         if not host or not port.isdigit():
             raise ConfigError("--vllm-weight-transfer-master", f"{master!r}: expected host:port (port 0 picks a free one)")
@@ -88,6 +71,7 @@ class NcclWeightTransfer:
         self.workers_per_server = workers_per_server
         self.world_size = 1 + len(self.urls) * workers_per_server
         self.timeout = timeout
+        self.tied_head = tied_head  # the checkpoint ties its head (rlvr.engine.weights)
         self.group = None  # vLLM's PyNcclCommunicator, after connect()
 
     def init_bodies(self) -> list[dict]:
@@ -131,7 +115,7 @@ class NcclWeightTransfer:
     def update_weights(self, named_tensors, version: int) -> None:
         if self.group is None:
             self.connect()
-        tensors = with_tied_head(named_tensors)
+        tensors = with_tied_head(named_tensors, self.tied_head)
         body = update_info(tensors)
         self.begin()
         pool = ThreadPoolExecutor(max_workers=len(self.urls))

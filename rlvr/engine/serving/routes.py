@@ -9,7 +9,7 @@ SGLang routes (payloads as SGLang's, for what rlvr uses):
   batch). rlvr adds ``meta_info.output_token_weight_versions`` (one version per token).
   With ``"sampling_params": {"max_new_tokens": 0}`` and ``"return_logprob": true`` nothing is
   generated: ``meta_info.input_token_logprobs`` scores the given tokens from ``logprob_start_len``
-  on (``[[logprob | null, token_id, null], ...]``, null for the first token; ``rlvr.engine.scoring``),
+  on (``[[logprob | null, token_id, null], ...]``, null for the first token; ``rlvr.engine.local.scoring``),
   what an on-policy-distillation teacher answers (``--use-opd --opd-type sglang``).
 - ``POST /update_weights_from_disk`` ``{"model_path", "weight_version"?}``: loads the directory's
   ``*.safetensors`` into the running engine between two decode steps.
@@ -36,6 +36,7 @@ import logging
 import time
 import uuid
 from pathlib import Path
+from typing import Callable
 
 import torch
 from aiohttp import web
@@ -43,8 +44,8 @@ from safetensors.torch import load_file
 
 from rlvr.engine.base import GenerateRequest, GenerateResult, SamplingParams
 from rlvr.engine.chat import openai_tool_call, split_tool_calls, template_message
-from rlvr.engine.sglang_http import encode_routed_experts
-from rlvr.engine.embedded import EmbeddedEngine
+from rlvr.engine.remote.sglang_http import encode_routed_experts
+from rlvr.engine.local.embedded import EmbeddedEngine
 
 log = logging.getLogger(__name__)
 
@@ -307,21 +308,14 @@ class Server:
             prompts = [self._encode(x, "prompt") if isinstance(x, str) else x for x in raw]
         else:
             raise BadRequest("field 'prompt' must be a string, a list of strings or token ids")
-        params, n = self._openai_params(body)
-        if body.get("stream"):
-            return await self._stream(request, prompts, params, n, "text_completion", None)
-        results = await self._complete(prompts, params, n)
-        choices = []
-        for i, r in enumerate(results):
+
+        def choice(i: int, r: GenerateResult, params: SamplingParams) -> dict:
             logprobs = None
             if body.get("logprobs") is not None:
                 logprobs = {"tokens": [self.tokenizer.decode([t]) for t in r.token_ids], "token_logprobs": r.log_probs}
-            choices.append({"index": i, "text": self._text(r, params), "finish_reason": r.finish_reason,
-                            "logprobs": logprobs})
-        return web.json_response({
-            "id": "cmpl-" + uuid.uuid4().hex, "object": "text_completion", "created": int(time.time()),
-            "model": self.model_name, "choices": choices, "usage": self._usage(prompts, n, results),
-        })
+            return {"index": i, "text": self._text(r, params), "finish_reason": r.finish_reason, "logprobs": logprobs}
+
+        return await self._answer(request, body, prompts, None, ("cmpl-", "text_completion", "text_completion"), choice)
 
     async def chat_completions(self, request: web.Request) -> web.Response:
         body = await _json(request)
@@ -335,26 +329,35 @@ class Server:
         text = self.tokenizer.apply_chat_template([template_message(m) for m in messages], tools=tools,
                                                   tokenize=False, add_generation_prompt=True)
         prompts = [self._encode(text, "messages")]
-        params, n = self._openai_params(body)
-        if body.get("stream"):
-            return await self._stream(request, prompts, params, n, "chat.completion.chunk", tools)
-        results = await self._complete(prompts, params, n)
-        choices = []
-        for i, r in enumerate(results):
+
+        def choice(i: int, r: GenerateResult, params: SamplingParams) -> dict:
             content = self._text(r, params)
             plain, calls = split_tool_calls(content) if tools else (content, [])
             message = {"role": "assistant", "content": plain}
             if calls:  # Hermes <tool_call> blocks as OpenAI tool calls
                 message["tool_calls"] = [openai_tool_call(c) for c in calls]
             finish = "tool_calls" if calls and r.finish_reason == "stop" else r.finish_reason
-            choice = {"index": i, "message": message, "finish_reason": finish}
+            out = {"index": i, "message": message, "finish_reason": finish}
             if body.get("logprobs"):
-                choice["logprobs"] = {"content": [{"token": self.tokenizer.decode([t]), "logprob": lp}
-                                                  for t, lp in zip(r.token_ids, r.log_probs)]}
-            choices.append(choice)
-        out = {"id": "chatcmpl-" + uuid.uuid4().hex, "object": "chat.completion", "created": int(time.time()),
-               "model": self.model_name, "choices": choices, "usage": self._usage(prompts, n, results)}
-        return web.json_response(out)
+                out["logprobs"] = {"content": [{"token": self.tokenizer.decode([t]), "logprob": lp}
+                                               for t, lp in zip(r.token_ids, r.log_probs)]}
+            return out
+
+        return await self._answer(request, body, prompts, tools, ("chatcmpl-", "chat.completion", "chat.completion.chunk"),
+                                  choice)
+
+    async def _answer(self, request: web.Request, body: dict, prompts: list[list[int]], tools, kind: tuple[str, str, str],
+                      choice: Callable[[int, GenerateResult, SamplingParams], dict]) -> web.StreamResponse:
+        """One OpenAI answer of either route: streamed (``_stream``), or whole with ``choice(i, result,
+        params)`` for each of its choices. ``kind``: the id's prefix, the answer's object, a chunk's object."""
+        params, n = self._openai_params(body)
+        prefix, whole, chunk = kind
+        if body.get("stream"):
+            return await self._stream(request, prompts, params, n, chunk, tools)
+        results = await self._complete(prompts, params, n)
+        return web.json_response({"id": prefix + uuid.uuid4().hex, "object": whole, "created": int(time.time()),
+                                  "model": self.model_name, "choices": [choice(i, r, params) for i, r in enumerate(results)],
+                                  "usage": self._usage(prompts, n, results)})
 
     async def _stream(self, request: web.Request, prompts: list[list[int]], params: SamplingParams, n: int,
                       kind: str, tools) -> web.StreamResponse:
@@ -363,51 +366,65 @@ class Server:
         chunk object: ``text_completion`` (``choices[].text``) or ``chat.completion.chunk``
         (``choices[].delta``: role, content -- text inside a ``<tool_call>`` block is held back and
         sent as ``tool_calls`` at the end -- and the finish reason). The last chunk carries ``usage``."""
-        from rlvr.engine.streaming import TextStream
-
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        chat = kind != "text_completion"
-        cid, created = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex, int(time.time())
-        lock = asyncio.Lock()
-
-        async def send(i: int, delta: dict, reason=None, **extra) -> None:
-            body = {"delta": delta} if chat else {"text": delta.get("content", ""), "logprobs": None}
-            choice = {"index": i, "finish_reason": reason, **body}
-            chunk = {"id": cid, "object": kind, "created": created, "model": self.model_name, "choices": [choice], **extra}
-            async with lock:
-                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-
-        async def one(i: int, prompt: list[int]) -> GenerateResult:
-            holds = params.stop + (("<tool_call>",) if chat and tools else ())
-            text, tokens, reason = TextStream(self.tokenizer, holds), [], "length"
-            if chat:
-                await send(i, {"role": "assistant", "content": ""})
-            async for piece in self.engine.stream(GenerateRequest(prompt, params, rid=uuid.uuid4().hex)):
-                tokens += piece.token_ids
-                reason = piece.finish_reason or reason
-                if piece.token_ids and (delta := text.push(piece.token_ids)):
-                    await send(i, {"content": delta})
-            result = GenerateResult("", tokens, [], reason, 0)
-            content = self._text(result, params)
-            plain, calls = split_tool_calls(content) if chat and tools else (content, [])
-            if rest := text.rest(plain):
-                await send(i, {"content": rest})
-            for k, c in enumerate(calls):
-                await send(i, {"tool_calls": [openai_tool_call(c, k)]})
-            finish = "tool_calls" if calls and reason == "stop" else reason
-            results[i] = result
-            if sum(r is not None for r in results) < len(results):
-                await send(i, {}, finish)
-            else:
-                await send(i, {}, finish, usage=self._usage(prompts, n, results))
-            return result
-
+        events = _Events(resp, kind, self.model_name)
         results: list[GenerateResult | None] = [None] * (len(prompts) * n)
-        await asyncio.gather(*(one(i, p) for i, p in enumerate(p for p in prompts for _ in range(n))))
+        usage = lambda: self._usage(prompts, n, results)  # noqa: E731 - read once every choice is in
+        choices = enumerate(p for p in prompts for _ in range(n))
+        await asyncio.gather(*(self._stream_choice(events, i, p, params, tools, results, usage) for i, p in choices))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+    async def _stream_choice(self, events: _Events, i: int, prompt: list[int], params: SamplingParams, tools,
+                             results: list[GenerateResult | None], usage: Callable[[], dict]) -> None:
+        """Choice ``i`` of a streamed answer: its text deltas as the engine samples, the held-back tool
+        calls, then its finish reason (with ``usage()`` on the answer's last chunk)."""
+        from rlvr.engine.streaming import TextStream
+
+        chat = events.chat
+        holds = params.stop + (("<tool_call>",) if chat and tools else ())
+        text, tokens, reason = TextStream(self.tokenizer, holds), [], "length"
+        if chat:
+            await events.send(i, {"role": "assistant", "content": ""})
+        async for piece in self.engine.stream(GenerateRequest(prompt, params, rid=uuid.uuid4().hex)):
+            tokens += piece.token_ids
+            reason = piece.finish_reason or reason
+            if piece.token_ids and (delta := text.push(piece.token_ids)):
+                await events.send(i, {"content": delta})
+        result = GenerateResult("", tokens, [], reason, 0)
+        content = self._text(result, params)
+        plain, calls = split_tool_calls(content) if chat and tools else (content, [])
+        if rest := text.rest(plain):
+            await events.send(i, {"content": rest})
+        for k, c in enumerate(calls):
+            await events.send(i, {"tool_calls": [openai_tool_call(c, k)]})
+        finish = "tool_calls" if calls and reason == "stop" else reason
+        results[i] = result
+        if sum(r is not None for r in results) < len(results):
+            await events.send(i, {}, finish)
+        else:
+            await events.send(i, {}, finish, usage=usage())
+
+
+class _Events:
+    """The server-sent chunks of one streamed answer; ``send`` writes one choice's delta as a chunk of
+    ``kind`` (``text_completion``: the delta's content as ``text``; else ``chat.completion.chunk``)."""
+
+    def __init__(self, resp: web.StreamResponse, kind: str, model: str):
+        self.resp, self.kind, self.model = resp, kind, model
+        self.chat = kind != "text_completion"
+        self.id, self.created = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex, int(time.time())
+        self.lock = asyncio.Lock()
+
+    async def send(self, i: int, delta: dict, reason=None, **extra) -> None:
+        body = {"delta": delta} if self.chat else {"text": delta.get("content", ""), "logprobs": None}
+        choice = {"index": i, "finish_reason": reason, **body}
+        chunk = {"id": self.id, "object": self.kind, "created": self.created, "model": self.model, "choices": [choice],
+                 **extra}
+        async with self.lock:
+            await self.resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
 
 
 async def _json(request: web.Request) -> dict:

@@ -2,9 +2,9 @@
 
 ``HttpEngine(["host:port", ...])`` sends each request to ``/generate`` on the address with the
 fewest requests outstanding among those the failure policy allows, the turns of one session to
-one server (``rlvr.engine.balance``). A server fails a request when the connection is refused or
+one server (``rlvr.engine.remote.balance``). A server fails a request when the connection is refused or
 dropped, it answers HTTP 5xx, or it does not answer within ``timeout`` seconds; what follows is
-``rlvr.engine.failures.FailurePolicy``'s, the same policy the engine supervisor follows: the
+``rlvr.engine.remote.failures.FailurePolicy``'s, the same policy the engine supervisor follows: the
 request is retried on another address, the failing one is avoided for ``cooldown`` seconds, and
 after ``retries`` retries (or with no address left to try) the request comes back with finish
 reason ``error`` (the rollout marks the sample FAILED and counts it). Every request gets exactly
@@ -31,15 +31,15 @@ import aiohttp
 import torch
 from safetensors.torch import save_file
 
-from rlvr.engine.balance import Affinity
-from rlvr.engine.base import GenerateRequest, GenerateResult
-from rlvr.engine.failures import FailurePolicy, error_results
-from rlvr.engine.sglang_http import health, parse_addr, post, post_generate
+from rlvr.engine.remote.balance import Affinity
+from rlvr.engine.base import Engine, GenerateRequest, GenerateResult
+from rlvr.engine.remote.failures import FailurePolicy, error_results
+from rlvr.engine.remote.sglang_http import health, parse_addr, post, post_generate
 
 log = logging.getLogger(__name__)
 
 
-class HttpEngine:
+class HttpEngine(Engine):
     def __init__(self, addrs: list[str], timeout: float = 600.0, retries: int = 2, cooldown: float = 5.0,
                  weights_dir: str | None = None, routed_experts_top_k: int = 0):
         if not addrs:
@@ -54,10 +54,6 @@ class HttpEngine:
         self.affinity = Affinity()  # session -> url: the turns of one multi-turn sample go to one server
         self._version = 0
         self.routed_experts_top_k = routed_experts_top_k  # R3: ask for routed experts (top-k per position)
-
-    @property
-    def weight_version(self) -> int:
-        return self._version
 
     # ---- generate -----------------------------------------------------------------------
     async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:

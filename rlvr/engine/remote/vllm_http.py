@@ -10,7 +10,7 @@ with the settings this client relies on::
 
 - ``generate``: one ``/v1/completions`` call per request with the prompt as token ids,
   ``logprobs=0`` (the sampled token's log-prob; under ``processed_logprobs`` that is
-  log softmax(logits / T), as ``rlvr.engine.vllm_engine`` measured) and vLLM's extensions
+  log softmax(logits / T), as ``rlvr.engine.local.vllm`` measured) and vLLM's extensions
   ``return_token_ids`` (the response's ids), ``top_k``, ``stop_token_ids``, ``ignore_eos`` and
   ``request_id``. Each request goes to the server with the fewest outstanding, a session's turns to one.
 - ``update_weights``: the tensors as one safetensors file in a folder under ``/dev/shm`` (shared
@@ -18,7 +18,7 @@ with the settings this client relies on::
   ``/collective_rpc`` ``reload_weights(weights_path=folder)`` (dev mode), ``/reset_prefix_cache``
   with ``reset_running_requests`` (no KV of the old weights is reused) and ``/resume``. The servers
   must see this machine's ``/dev/shm``. With ``transfer="nccl"`` (CUDA; ``--vllm-weight-transfer``)
-  vLLM's RL weight-transfer routes carry them instead (``rlvr.engine.vllm_nccl``, not yet run on a GPU).
+  vLLM's RL weight-transfer routes carry them instead (``rlvr.engine.remote.vllm_nccl``, not yet run on a GPU).
 - LoRA (``lora_rank``): the servers are started with ``--enable-lora --max-lora-rank R`` (``R`` from
   ``rlvr.engine.vllm_lora.max_lora_rank``) and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``; a push of adapter
   tensors writes a PEFT folder to the same shared memory and, between ``/pause`` and ``/resume``, loads
@@ -28,7 +28,7 @@ with the settings this client relies on::
 - Weight versions: the completions route does not say which step sampled which token, so each
   token carries the version at the request's start; a request that straddled an update says so
   in ``meta["weight_version_end"]``.
-- Seeds are not sent (see ``rlvr.engine.vllm_engine``), nor top-p/top-k below their off values
+- Seeds are not sent (see ``rlvr.engine.local.vllm``), nor top-p/top-k below their off values
   (the config refuses them with vLLM).
 """
 
@@ -49,11 +49,12 @@ import aiohttp
 import torch
 from safetensors.torch import save_file
 
-from rlvr.engine.balance import Affinity
-from rlvr.engine.base import FINISH_REASONS, GenerateRequest, GenerateResult
-from rlvr.engine.sglang_http import health, parse_addr
+from rlvr.engine.remote.balance import Affinity
+from rlvr.engine.base import FINISH_REASONS, Engine, GenerateRequest, GenerateResult
+from rlvr.engine.remote.sglang_http import health, parse_addr
 from rlvr.engine.vllm_lora import LORA_NAME, is_adapter, write_adapter
-from rlvr.engine.vllm_nccl import NcclWeightTransfer, with_tied_head
+from rlvr.engine.remote.vllm_nccl import NcclWeightTransfer
+from rlvr.engine.weights import named_items, with_tied_head
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +94,10 @@ def parse_completion(req: GenerateRequest, body: dict, version: int, version_end
                           meta, [version] * len(tokens), top_token_ids=top_ids, top_log_probs=top_lps)
 
 
-class VllmHttpEngine:
+class VllmHttpEngine(Engine):
     def __init__(self, addrs: list[str], timeout: float = 600.0, weights_dir: str | None = None,
                  transfer: str = "reload", transfer_master: str = "127.0.0.1:0", lora_rank: int = 0,
-                 lora_alpha: float | None = None):
+                 lora_alpha: float | None = None, tied_head: bool = True):
         if not addrs:
             raise ValueError("VllmHttpEngine needs at least one host:port")
         self.urls = [parse_addr(a) for a in addrs]
@@ -109,12 +110,10 @@ class VllmHttpEngine:
         self._version = 0
         self._abort_epoch = 0  # abort() of everything so far
         self._abort_rids: set[str] = set()
-        self.nccl = NcclWeightTransfer(self.urls, transfer_master, timeout=timeout) if transfer == "nccl" else None
+        self.tied_head = tied_head  # the checkpoint ties its head (rlvr.engine.weights)
+        self.nccl = (NcclWeightTransfer(self.urls, transfer_master, timeout=timeout, tied_head=tied_head)
+                     if transfer == "nccl" else None)
         self.lora_alpha = (lora_alpha or 2 * lora_rank) if lora_rank else None
-
-    @property
-    def weight_version(self) -> int:
-        return self._version
 
     async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
         if not requests:
@@ -150,14 +149,11 @@ class VllmHttpEngine:
             self.nccl.update_weights(named_tensors, version)
             self._version = version
             return
-        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
-        tensors = {k: v.detach().to("cpu").contiguous() for k, v in items}
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in named_items(named_tensors)}
         if self.lora_alpha is not None and is_adapter(tensors):
             self._push_adapter(tensors, version)
             return
-        # a tied head: vLLM's CPU backend keeps its own copy (rlvr.engine.vllm_engine); an untied
-        # model's trainer always sends its head
-        tensors = with_tied_head(tensors, copy=True)
+        tensors = with_tied_head(tensors, self.tied_head, copy=True)  # vLLM keeps a head of its own
         folder = self.weights_dir / f"v{version}"
         folder.mkdir(parents=True, exist_ok=True)
         save_file(tensors, str(folder / "model.safetensors"))
