@@ -103,7 +103,9 @@ def child(model: str, recompute: bool, lora_rank: int, kl: bool, tokens: int, wi
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in trainer.model.parameters())
     print("RESULT " + json.dumps({"before_gb": before, "peak_gb": peak_memory_gb(), "trainable": trainable,
-                                  "params": total, "has_ref_copy": trainer.reference is not None and trainer.reference.model is not trainer.model,
+                                  "params": total,
+                                  "has_ref_copy": trainer.reference is not None
+                                  and trainer.reference.model is not trainer.model,
                                   "train_time": metrics["perf/train_time"]}))
 
 
