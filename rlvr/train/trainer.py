@@ -64,23 +64,24 @@ from rlvr.core.types import Sample
 from rlvr.train import routing_replay
 from rlvr.train.batching import MicroBatcher, pad_right
 from rlvr.train.checkpoint import CheckpointIO, save_hf
-# Names that lived here before the trainer was split into parts, still importable from here
-# (docs/changelog.md): the layer helpers are rlvr.train.policy's now.
-from rlvr.train.policy import COMPILED_PARTS, compile_layers, enable_recompute, prepare_layers  # noqa: F401
-from rlvr.train.logprobs import response_log_probs  # noqa: F401
-from rlvr.train.rollout_tensors import collate_train_metadata  # noqa: F401
 from rlvr.train.critic import CriticTrainer
 from rlvr.train.guard import BadStepGuard
 from rlvr.train.lora import LoraState
 from rlvr.train.memory import reset_peak_memory
 from rlvr.train.optimizer import Optimizer, adamw_of
-from rlvr.train.step import accumulate
 from rlvr.train.packing import Layout
 from rlvr.train.parallel import Parallel, SingleProcess
 from rlvr.train.policy import Policy, load_policy
 from rlvr.train.reference import Reference
 from rlvr.train.report import replay_metrics, rollout_metrics
 from rlvr.train.rollout_tensors import RolloutBuilder, RolloutProgress, RolloutTensors
+from rlvr.train.step import accumulate
+
+# Names that lived here before the trainer was split into parts, still importable from here
+# (docs/changelog.md): the layer helpers are rlvr.train.policy's now.
+from rlvr.train.logprobs import response_log_probs  # noqa: F401
+from rlvr.train.policy import COMPILED_PARTS, compile_layers, enable_recompute, prepare_layers  # noqa: F401
+from rlvr.train.rollout_tensors import collate_train_metadata  # noqa: F401
 
 
 class Trainer:
