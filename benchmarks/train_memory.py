@@ -103,7 +103,9 @@ def child(model: str, recompute: bool, lora_rank: int, kl: bool, tokens: int, wi
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in trainer.model.parameters())
     print("RESULT " + json.dumps({"before_gb": before, "peak_gb": peak_memory_gb(), "trainable": trainable,
-                                  "params": total, "has_ref_copy": trainer.ref_model not in (None, trainer.model),
+                                  "params": total,
+                                  "has_ref_copy": trainer.reference is not None
+                                  and trainer.reference.model is not trainer.model,
                                   "train_time": metrics["perf/train_time"]}))
 
 
@@ -253,10 +255,10 @@ def real_child(spec: dict) -> None:
     params = list(trainer.model.parameters())
     out |= {"params": sum(p.numel() for p in params), "weights_gb": tensor_gb(params),
             "grads_gb": tensor_gb(p.grad for p in params if p.grad is not None),
-            "adam_gb": tensor_gb(v for st in trainer.optimizer.state.values() for v in st.values()
+            "adam_gb": tensor_gb(v for st in trainer.optimizer.adamw.state.values() for v in st.values()
                                  if isinstance(v, torch.Tensor)),
             "rss_before_gb": rss_gb()}
-    mbs = trainer._micro_batches(samples, list(range(len(samples))))
+    mbs = trainer.batches.split(samples, list(range(len(samples))))
     from rlvr.train.packing import pack
 
     out["positions_per_micro_batch"] = max(pack([samples[i] for i in mb]).slots for mb in mbs)
@@ -265,7 +267,7 @@ def real_child(spec: dict) -> None:
     t0, c0 = time.perf_counter(), time.process_time()
     trainer.train(1, samples)
     out |= {"train_s": time.perf_counter() - t0, "train_cpu_s": time.process_time() - c0,
-            "peak_gb": peak_memory_gb(), "chunk": trainer._chunk()}
+            "peak_gb": peak_memory_gb(), "chunk": trainer.policy.chunk()}
     engine.update_weights(trainer.weights(), 1)  # the sync after the step
     out["rss_after_sync_gb"] = rss_gb()
     print("RESULT " + json.dumps(out))

@@ -87,10 +87,10 @@ def real_model(args) -> None:
                       max_tokens_per_gpu=args.max_tokens_per_gpu, recompute_activations=args.recompute_activations)
     trainer = Trainer(cfg, AlgoConfig(), n_samples_per_prompt=args.per_prompt)
     n_params = sum(p.numel() for p in trainer.model.parameters())
-    bins = trainer._micro_batches(samples, list(range(len(samples))))
+    bins = trainer.batches.split(samples, list(range(len(samples))))
     tokens = sum(s.total_length for s in samples)
     positions = {"packed": sum(Layout().batch([samples[i] for i in b]).slots
-                               for b in trainer._micro_batches(samples, list(range(silent, len(samples))))),
+                               for b in trainer.batches.split(samples, list(range(silent, len(samples))))),
                  "padded": sum(pad([samples[i] for i in b]).slots for b in bins)}
     print(f"{args.model}: {n_params / 1e6:.1f}M parameters; {len(samples)} samples, {tokens} tokens in {len(bins)} "
           f"micro-batches; positions computed: packed {positions['packed']}, padded {positions['padded']}")
@@ -103,7 +103,7 @@ def real_model(args) -> None:
     for r in range(args.rounds + 1):  # round 0 warms up
         rates.append(gemm_flops(args.gemm_size))
         for name, (layout, skip) in layouts.items():
-            trainer.layout = layout
+            trainer.policy.layout = layout
             c0 = time.process_time()
             with override_trainer(skip_silent_samples=skip):
                 m = trainer.train(r, samples)

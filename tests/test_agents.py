@@ -98,7 +98,7 @@ def test_trainer_log_probs_of_three_turn_samples_match_the_engine(trainer_and_to
     assert all(len(s.segments()) == 5 for s in samples)  # model, tool, model, tool, model
     width = max(s.response_length for s in samples)
     with torch.no_grad():
-        lp = tr._log_probs(tr.policy, samples, width, False)[0]  # the trainer's own (packed) forward
+        lp = tr.policy.log_probs(samples, width, False)[0]  # the trainer's own (packed) forward
     diffs = torch.cat([(lp[i, : s.response_length] - torch.tensor(s.rollout_log_probs)).abs()[
         torch.tensor(s.loss_mask, dtype=torch.bool)] for i, s in enumerate(samples)])
     print(f"3-turn log-prob |diff| over {diffs.numel()} model tokens: mean {diffs.mean():.2e} max {diffs.max():.2e}")
@@ -119,8 +119,8 @@ def test_tool_tokens_are_masked_and_add_no_gradient(trainer_and_tok):
     samples = three_turn_samples(tr, tok, n=3, seed=5)
     assert all(0 in s.loss_mask for s in samples)
     captured = {}
-    real_step = tr.optimizer.step
-    tr.optimizer.step = lambda: captured.setdefault("g", torch.cat(
+    real_step = tr.optimizer.adamw.step
+    tr.optimizer.adamw.step = lambda: captured.setdefault("g", torch.cat(
         [p.grad.flatten().clone() for p in tr.model.parameters()]))
     try:
         state = {k: v.clone() for k, v in tr.model.state_dict().items()}
@@ -131,14 +131,14 @@ def test_tool_tokens_are_masked_and_add_no_gradient(trainer_and_tok):
         tr.train_sft(samples)
         g_again = captured.pop("g")
     finally:
-        tr.optimizer.step = real_step
+        tr.optimizer.adamw.step = real_step
         tr.model.load_state_dict(state)
 
     def by_hand():
         terms = []
         for s in samples:
             ids = torch.tensor([s.prompt_ids + s.response_ids])
-            logits = tr.model(input_ids=ids).logits[0, len(s.prompt_ids) - 1 : -1].float() / tr.temperature
+            logits = tr.model(input_ids=ids).logits[0, len(s.prompt_ids) - 1 : -1].float() / tr.policy.temperature
             lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(s.response_ids)[:, None])[:, 0]
             terms.append(lp[torch.tensor(s.loss_mask, dtype=torch.bool)])
         (-torch.cat(terms).mean()).backward()  # per-token mean over the model tokens only

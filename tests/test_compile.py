@@ -20,18 +20,18 @@ def _run(ckpt, compiled: bool):
     cfg = TrainConfig(hf_checkpoint=str(ckpt), lr=1e-2, use_dynamic_batch_size=True, max_tokens_per_gpu=64,
                       compile_layers=compiled)
     tr = Trainer(cfg, AlgoConfig(), n_samples_per_prompt=GROUP)
-    grads, real = [], tr.optimizer.step
-    tr.optimizer.step = lambda: (grads.append(torch.cat([p.grad.flatten() for p in tr.master])), real())
+    grads, real = [], tr.optimizer.adamw.step
+    tr.optimizer.adamw.step = lambda: (grads.append(torch.cat([p.grad.flatten() for p in tr.optimizer.master])), real())
     log_probs, graphs = [], []
     for rollout in range(3):
         samples = random_samples(len(REWARDS), rollout, lambda i, rng: REWARDS[i])
         width = max(s.response_length for s in samples)
         with torch.no_grad():
-            for mb in tr._micro_batches(samples, list(range(len(samples)))):
-                log_probs.append(tr._log_probs(tr.policy, [samples[i] for i in mb], width, True))
+            for mb in tr.batches.split(samples, list(range(len(samples)))):
+                log_probs.append(tr.policy.log_probs([samples[i] for i in mb], width, True))
         tr.train(rollout, samples)
         graphs.append(_graphs())
-    return tr, log_probs, grads, [p.detach().clone() for p in tr.params], graphs
+    return tr, log_probs, grads, [p.detach().clone() for p in tr.optimizer.params], graphs
 
 
 def _graphs() -> int:

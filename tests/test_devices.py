@@ -219,7 +219,7 @@ def test_colocated_hands_the_device_back_and_forth(tiny_qwen2):
         assert any(p.grad is not None for p in tr.model.parameters())
         weights = both.weights()
         assert eng.health() and all(p.grad is None for p in tr.model.parameters())
-        assert tr.optimizer.state and all(v.device.type == "cpu" for st in tr.optimizer.state.values()
+        assert tr.optimizer.adamw.state and all(v.device.type == "cpu" for st in tr.optimizer.adamw.state.values()
                                           for v in st.values() if isinstance(v, torch.Tensor))
         eng.update_weights(weights, 1)
         assert [r.finish_reason for r in eng.generate_sync(_requests(2))] == ["length"] * 2

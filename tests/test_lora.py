@@ -37,7 +37,7 @@ def test_only_adapters_train_and_the_reference_is_the_base_without_a_copy(tiny_q
     tr = lora_trainer(tiny_qwen2)
     trainable = [n for n, p in tr.model.named_parameters() if p.requires_grad]
     assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
-    assert tr.ref_model is tr.model  # no second copy of the weights
+    assert tr.reference.model is tr.model  # no second copy of the weights
     # all-linear: every projection of every layer, never the output layer
     assert {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in trainable} == {
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
@@ -49,9 +49,9 @@ def test_only_adapters_train_and_the_reference_is_the_base_without_a_copy(tiny_q
     assert m["train/kl_loss"] > 0  # the policy (adapters on) differs from the reference (adapters off)
     assert all(torch.equal(p, before[n]) for n, p in tr.model.named_parameters() if not p.requires_grad)
     ids = torch.tensor([samples[0].prompt_ids + samples[0].response_ids])
-    with lora.reference(tr.peft):
+    with lora.reference(tr.policy.lora.peft):
         assert torch.allclose(tr.model(ids).logits, base(ids).logits, atol=1e-5)
-    assert len(tr.optimizer.state) == len(trainable)  # AdamW state for the adapters only
+    assert len(tr.optimizer.adamw.state) == len(trainable)  # AdamW state for the adapters only
 
 
 def test_packed_lora_gradients_equal_peft_unpacked(tiny_qwen2):
@@ -61,20 +61,19 @@ def test_packed_lora_gradients_equal_peft_unpacked(tiny_qwen2):
 
     samples = random_samples(8, 1, lambda i, rng: float(rng.random() > 0.5))
     tr = lora_trainer(tiny_qwen2, use_dynamic_batch_size=True, max_tokens_per_gpu=28, clip_grad=0.0)
-    assert len(tr._micro_batches(samples, list(range(8)))) >= 3
+    assert len(tr.batches.split(samples, list(range(8)))) >= 3
     perturb_adapters(tr.model)
-    before = {k: v.clone() for k, v in get_peft_model_state_dict(tr.peft).items()}  # the step moves them
-    batch = tr._rollout_tensors(samples)
-    tr._advantages(batch)
+    before = {k: v.clone() for k, v in get_peft_model_state_dict(tr.policy.lora.peft).items()}  # the step moves them
+    batch = tr.rollouts.build(samples)
     names = [n for n, p in tr.model.named_parameters() if p.requires_grad]
     captured = {}
-    real_step = tr.optimizer.step
+    real_step = tr.optimizer.adamw.step
 
     def capture():
         captured.update({n: p.grad.clone() for n, p in tr.model.named_parameters() if p.requires_grad})
         real_step()
 
-    tr.optimizer.step = capture
+    tr.optimizer.adamw.step = capture
     tr.train(0, samples)
 
     # PEFT's model, unpacked: one sample per forward, no packing, no padding
@@ -123,7 +122,7 @@ def test_engine_log_probs_after_adapter_sync_equal_the_trainers(tiny_qwen2, engi
                       loss_mask=[1] * len(r.token_ids)) for i, r in enumerate(res)]
     width = max(s.response_length for s in samples)
     with torch.no_grad():
-        lp, _ = tr._log_probs(tr.policy, samples, width, False)
+        lp, _ = tr.policy.log_probs(samples, width, False)
     diffs = torch.cat([(lp[i, :s.response_length] - torch.tensor(s.rollout_log_probs)).abs()
                        for i, s in enumerate(samples)])
     print(f"engine vs trainer after adapter sync: mean |diff| {float(diffs.mean()):.2e}")
@@ -144,7 +143,7 @@ def test_engine_log_probs_after_adapter_sync_equal_the_trainers(tiny_qwen2, engi
 def test_merged_weights_are_a_plain_checkpoint_with_the_adapter_folded_in(tiny_qwen2):
     tr = lora_trainer(tiny_qwen2, lora_alpha=4.0)
     perturb_adapters(tr.model)
-    tr.lora_sync_merged = True
+    tr.policy.lora.sync_merged = True
     merged = tr.weights()
     plain = AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32)
     assert set(merged) == {n for n, _ in plain.named_parameters()}
@@ -157,7 +156,7 @@ def test_merged_weights_are_a_plain_checkpoint_with_the_adapter_folded_in(tiny_q
     res = eng.generate_sync([GenerateRequest([5, 17, 33], SamplingParams(temperature=0.9, max_new_tokens=6))])[0]
     sample = Sample("", [5, 17, 33], response_ids=res.token_ids, loss_mask=[1] * len(res.token_ids))
     with torch.no_grad():
-        lp, _ = tr._log_probs(tr.policy, [sample], len(res.token_ids), False)
+        lp, _ = tr.policy.log_probs([sample], len(res.token_ids), False)
     assert float((lp[0] - torch.tensor(res.log_probs)).abs().mean()) <= 1e-5
 
 
@@ -203,7 +202,7 @@ def test_save_load_is_exact_and_the_adapter_exports(tiny_qwen2, tmp_path):
     assert torch.allclose(got, want, atol=1e-5)
     # --lora-adapter-path starts a run from it (the adapter's rank and targets, its values)
     start = lora_trainer(tiny_qwen2, rank=0, lora_adapter_path=str(adapter))
-    assert start.ref_model is start.model
+    assert start.reference.model is start.model
     with torch.no_grad():
         assert torch.allclose(start.model(ids).logits, want, atol=1e-5)
 

@@ -91,13 +91,13 @@ def test_loaded_teacher_shapes_advantages_exactly(tiny_qwen2, teacher_ckpt):
         student = response_log_probs(tr.model, samples, 1.0, width, False)[0]
         teach = response_log_probs(teacher.model, samples, 1.0, width, False)[0]
     seen = {}
-    real = tr._advantages
+    real = tr.rollouts.build
 
-    def spy(batch):
-        real(batch)
-        seen["batch"] = batch
+    def spy(samples):
+        seen["batch"] = real(samples)
+        return seen["batch"]
 
-    tr._advantages = spy
+    tr.rollouts.build = spy
     m = tr.train(0, samples)
     batch = seen["batch"]
     mask = batch.mask
@@ -144,8 +144,8 @@ def test_failed_teacher_samples_keep_their_estimator_advantages(tiny_qwen2):
     tr = Trainer(TrainConfig(hf_checkpoint=str(tiny_qwen2), lr=1e-3), algo, n_samples_per_prompt=4,
                  teacher=ServedTeacher(f"http://127.0.0.1:{free_port()}/generate", retries=0, deadline=1))
     seen = {}
-    real = tr._advantages
-    tr._advantages = lambda batch: (real(batch), seen.setdefault("batch", batch))
+    real = tr.rollouts.build
+    tr.rollouts.build = lambda samples: seen.setdefault("batch", real(samples))
     m = tr.train(0, samples)
     assert m["train/opd_teacher_failures"] == 8
     assert torch.equal(seen["batch"].advantages, torch.zeros_like(seen["batch"].advantages))

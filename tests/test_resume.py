@@ -137,14 +137,14 @@ def test_trainer_checkpoint_keeps_bf16_masters_and_a_moved_reference(tiny_qwen2,
                         "--use-kl-loss", "--ref-update-interval", "1"])
     a = Trainer(cfg.train, cfg.algo)
     with torch.no_grad():
-        for m in a.master:
+        for m in a.optimizer.master:
             m.add_(1e-4)  # a float32 change too small to show in bfloat16
-        for p in a.ref_model.parameters():
+        for p in a.reference.model.parameters():
             p.mul_(0.5)
     a.step = 3
     a.save(tmp_path / "ck")
     b = Trainer(cfg.train, cfg.algo)
     b.load(tmp_path / "ck")
     assert b.step == 3
-    assert all(torch.equal(x, y) for x, y in zip(a.master, b.master))
-    assert all(torch.equal(x, y) for x, y in zip(a.ref_model.parameters(), b.ref_model.parameters()))
+    assert all(torch.equal(x, y) for x, y in zip(a.optimizer.master, b.optimizer.master))
+    assert all(torch.equal(x, y) for x, y in zip(a.reference.model.parameters(), b.reference.model.parameters()))

@@ -31,11 +31,11 @@ def _run(ckpt, rollouts, skip: bool, algo: AlgoConfig | None = None, **train):
     cfg = TrainConfig(hf_checkpoint=str(ckpt), **{"lr": 1e-2, "weight_decay": 0.1, **train})
     with override_trainer(skip_silent_samples=skip):
         tr = Trainer(cfg, algo or AlgoConfig(), n_samples_per_prompt=GROUP)
-        grads, real = [], tr.optimizer.step
-        tr.optimizer.step = lambda: (grads.append(torch.cat([p.grad.flatten() for p in tr.master])), real())
+        grads, real = [], tr.optimizer.adamw.step
+        tr.optimizer.adamw.step = lambda: (grads.append(torch.cat([p.grad.flatten() for p in tr.optimizer.master])), real())
         metrics = [tr.train(r, samples) for r, samples in enumerate(rollouts)]
-    state = [t for s in tr.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
-    return [p.detach().clone() for p in tr.params], state, grads, metrics
+    state = [t for s in tr.optimizer.adamw.state.values() for t in s.values() if torch.is_tensor(t)]
+    return [p.detach().clone() for p in tr.optimizer.params], state, grads, metrics
 
 
 def _assert_same(a, b, exact: bool):

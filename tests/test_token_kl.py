@@ -103,7 +103,7 @@ def test_trainer_kl_loss_is_the_exact_kl(tiny_qwen2, pair):
         expected = _brute_force_kl(tr.model, ref, samples, 1.0).mean().item()  # per-token mean, step 0
     m = tr.train(0, samples)
     assert m["train/kl_loss"] == pytest.approx(expected, rel=1e-4)
-    assert tr.ref_forwards == 1
+    assert tr.reference.forwards == 1
     # low_var_kl on the same batch estimates the same quantity from the sampled tokens only.
     approx = Trainer(TrainConfig(hf_checkpoint=str(tiny_qwen2), ref_load=str(other), lr=1e-3),
                      AlgoConfig(use_kl_loss=True, kl_loss_coef=0.1, kl_loss_type="low_var_kl",

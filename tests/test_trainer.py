@@ -22,15 +22,15 @@ def _grad(ckpt, samples, per_token, max_tokens, micro=1, expect_bins=None):
                              max_tokens_per_gpu=max_tokens, micro_batch_size=micro),
                  algo, temperature=0.9, n_samples_per_prompt=4)
     captured = {}
-    real_step = tr.optimizer.step
+    real_step = tr.optimizer.adamw.step
 
     def capture():
         captured["g"] = torch.cat([p.grad.flatten() for p in tr.model.parameters()])
         real_step()
 
-    tr.optimizer.step = capture
+    tr.optimizer.adamw.step = capture
     if expect_bins is not None:
-        bins = tr._micro_batches(samples, list(range(len(samples))))
+        bins = tr.batches.split(samples, list(range(len(samples))))
         sizes = sorted(len(b) for b in bins)
         assert len(bins) == expect_bins and (expect_bins == 1 or sizes[0] != sizes[-1]), sizes
     with torch.no_grad():  # make p_theta differ from the reference so the KL term has a gradient

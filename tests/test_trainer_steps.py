@@ -63,14 +63,14 @@ def test_use_rollout_logprobs_takes_the_engines_log_probs_as_p0(tiny_qwen2):
 def test_reference_model_only_with_kl_and_frozen(tiny_qwen2):
     no_kl = _trainer(tiny_qwen2)
     no_kl.train(0, _samples())
-    assert no_kl.ref_model is None and no_kl.ref_forwards == 0
+    assert no_kl.reference is None
     kl = AlgoConfig(use_kl_loss=True, kl_loss_coef=0.1)
     tr = _trainer(tiny_qwen2, kl)
-    before = torch.cat([p.flatten() for p in tr.ref_model.parameters()]).clone()
+    before = torch.cat([p.flatten() for p in tr.reference.model.parameters()]).clone()
     m = tr.train(0, _samples())
-    assert tr.ref_forwards == 1 and "train/kl_loss" in m
-    assert torch.equal(before, torch.cat([p.flatten() for p in tr.ref_model.parameters()]))  # frozen
-    assert not any(p.requires_grad for p in tr.ref_model.parameters())
+    assert tr.reference.forwards == 1 and "train/kl_loss" in m
+    assert torch.equal(before, torch.cat([p.flatten() for p in tr.reference.model.parameters()]))  # frozen
+    assert not any(p.requires_grad for p in tr.reference.model.parameters())
 
 
 def test_ref_load_and_ref_update_interval(tiny_qwen2, tmp_path):
@@ -80,20 +80,20 @@ def test_ref_load_and_ref_update_interval(tiny_qwen2, tmp_path):
     assert m["train/kl_loss"] > 0.01  # the reference is another model from step 0
     tr = _trainer(tiny_qwen2, kl, ref_update_interval=2)
     tr.train(0, _samples())
-    assert not torch.equal(_weights(tr), torch.cat([p.flatten() for p in tr.ref_model.parameters()]))
+    assert not torch.equal(_weights(tr), torch.cat([p.flatten() for p in tr.reference.model.parameters()]))
     tr.train(1, _samples())  # rollout 1 is the 2nd: the reference becomes the current policy
-    assert torch.equal(_weights(tr), torch.cat([p.flatten() for p in tr.ref_model.parameters()]))
+    assert torch.equal(_weights(tr), torch.cat([p.flatten() for p in tr.reference.model.parameters()]))
 
 
 def test_bf16_keeps_float32_master_weights(tiny_qwen2):
     tr = _trainer(tiny_qwen2, bf16=True, lr=1e-2)
     assert {p.dtype for p in tr.model.parameters()} == {torch.bfloat16}
-    assert {m.dtype for m in tr.master} == {torch.float32}
-    before = [m.clone() for m in tr.master]
+    assert {m.dtype for m in tr.optimizer.master} == {torch.float32}
+    before = [m.clone() for m in tr.optimizer.master]
     metrics = tr.train(0, _samples())
     assert math.isfinite(metrics["train/loss"]) and metrics["train/grad_norm"] > 0
-    assert any(not torch.equal(a, b) for a, b in zip(before, tr.master))
-    for m, p in zip(tr.master, tr.model.parameters()):
+    assert any(not torch.equal(a, b) for a, b in zip(before, tr.optimizer.master))
+    for m, p in zip(tr.optimizer.master, tr.model.parameters()):
         assert torch.equal(m.to(torch.bfloat16), p.detach())
 
 
@@ -103,8 +103,8 @@ def test_recompute_and_padding_do_not_change_the_gradient(tiny_qwen2, per_token)
         tr = _trainer(tiny_qwen2, AlgoConfig(calculate_per_token_loss=per_token, entropy_coef=0.01),
                       use_dynamic_batch_size=True, max_tokens_per_gpu=28, **kw)
         captured = {}
-        real = tr.optimizer.step
-        tr.optimizer.step = lambda: (captured.setdefault("g", torch.cat([p.grad.flatten() for p in tr.master])),
+        real = tr.optimizer.adamw.step
+        tr.optimizer.adamw.step = lambda: (captured.setdefault("g", torch.cat([p.grad.flatten() for p in tr.optimizer.master])),
                                      real())
         tr.train(0, _samples())
         return captured["g"]
@@ -156,11 +156,11 @@ def test_on_policy_p0_from_the_training_forward_equals_a_separate_forward(tiny_q
     def run(reuse):
         tr = _trainer(tiny_qwen2, algo, use_dynamic_batch_size=True, max_tokens_per_gpu=28)
         captured = {}
-        real = tr.optimizer.step
-        tr.optimizer.step = lambda: (captured.setdefault("g", torch.cat([p.grad.flatten() for p in tr.master])),
+        real = tr.optimizer.adamw.step
+        tr.optimizer.adamw.step = lambda: (captured.setdefault("g", torch.cat([p.grad.flatten() for p in tr.optimizer.master])),
                                      real())
-        forward_all, p0_forwards = tr._forward_all, []
-        tr._forward_all = lambda *a, **kw: (p0_forwards.append(1), forward_all(*a, **kw))[1]
+        forward_all, p0_forwards = tr.batches.forward_all, []
+        tr.batches.forward_all = lambda *a, **kw: (p0_forwards.append(1), forward_all(*a, **kw))[1]
         with override_trainer(p0_from_train_forward=reuse):
             metrics = tr.train(0, _samples())
         assert len(p0_forwards) == (0 if reuse else 1)  # the seam reached the trainer

@@ -84,7 +84,7 @@ class TrainWorker:
     def train(self, rollout_id: int, samples: list[Sample]) -> tuple[dict, list, int]:
         """Metrics, the guard's streak of skipped steps (plain tuples) and the step count."""
         if self.cluster.offload_train:  # back from the host for the step
-            move_optimizer_state(self.trainer.optimizer, self.device)
+            move_optimizer_state(self.trainer.optimizer.adamw, self.device)
         metrics = self.trainer.train(rollout_id, samples)
         return metrics, list(self.trainer.guard.streak), self.trainer.step
 
@@ -114,7 +114,7 @@ class TrainWorker:
         if self.cluster.colocate:  # the engines are about to wake in this memory
             self.trainer.model.zero_grad(set_to_none=True)
             if self.cluster.offload_train:
-                move_optimizer_state(self.trainer.optimizer, "cpu")
+                move_optimizer_state(self.trainer.optimizer.adamw, "cpu")
         if self.rank != 0:
             return None, None
         # No copy here: Ray serialises the return value into the object store before this actor

@@ -85,6 +85,17 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
+def _arch_fields(spec: dict, head_dim: int, intermediate_size: int, num_layers: int) -> dict:
+    """The config fields an architecture of ``ARCHITECTURES`` adds to the common ones."""
+    extra = dict(spec.get("config", {}))
+    extra.update({name: head_dim for name in spec.get("per_head", [])})
+    if spec.get("moe"):
+        extra["moe_intermediate_size"] = intermediate_size // 2
+    if spec.get("alternate_layers"):  # sliding, full, sliding, ... (Gemma 2's pattern; Gemma 3 has 5:1)
+        extra["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
+    return extra
+
+
 def build_tiny_model(
     out_dir: str | Path,
     arch: str = "qwen2",
@@ -105,13 +116,7 @@ def build_tiny_model(
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
     spec = ARCHITECTURES[arch]
-    extra = dict(spec.get("config", {}))
-    extra.update({name: hidden_size // num_heads for name in spec.get("per_head", [])})
-    if spec.get("moe"):
-        extra["moe_intermediate_size"] = intermediate_size // 2
-    if spec.get("alternate_layers"):  # sliding, full, sliding, ... (Gemma 2's pattern; Gemma 3 has 5:1)
-        extra["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
-    extra.update(config_overrides)
+    extra = _arch_fields(spec, hidden_size // num_heads, intermediate_size, num_layers) | config_overrides
     config = AutoConfig.for_model(
         spec["model_type"],
         vocab_size=len(tokenizer),

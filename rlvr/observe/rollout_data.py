@@ -3,18 +3,16 @@
 Before training on a rollout, slime's Megatron side logs, at ``rollout/step``, the mean of each
 field of its rollout data: ``rollout/log_probs`` (the old policy p0), ``rollout/ref_log_probs``,
 ``rollout/rollout_log_probs`` (the engine's q), ``rollout/advantages``, ``rollout/returns``,
-``rollout/values`` (PPO), ``rollout/rewards`` (the per-sample rewards advantages are built from),
-``rollout/response_lengths``, ``rollout/total_lengths``, ``rollout/truncated``, and one
-``rollout/<key>`` per scalar ``train_metadata`` entry (DCPO's ``rollout/dcpo_confidence``). A
-per-token field is averaged as slime's ``sum_of_sample_mean``: each sample's mean over its
+``rollout/values`` (PPO), ``rollout/rewards`` (the per-sample rewards as the estimator normalised
+them, handed over by the trainer's advantage step), ``rollout/response_lengths``,
+``rollout/total_lengths``, ``rollout/truncated``, and one ``rollout/<key>`` per scalar
+``train_metadata`` entry (DCPO's ``rollout/dcpo_confidence``). A per-token field is averaged as slime's ``sum_of_sample_mean``: each sample's mean over its
 loss-masked tokens, then the mean over samples (a sample with no trained token counts as 0).
 """
 
 from __future__ import annotations
 
 from torch import Tensor
-
-from rlvr.algo.advantages import group_normalize
 
 
 def per_rollout_mean(x: Tensor, mask: Tensor) -> float:
@@ -36,10 +34,3 @@ def rollout_data_metrics(mask: Tensor, per_token: dict[str, Tensor | None], per_
     out |= {f"rollout/{k}": float(v.float().mean()) for k, v in per_sample.items() if v.numel()}
     return out
 
-
-def slime_rewards(rewards: Tensor, n: int, algo, group_relative: bool) -> Tensor:
-    """What slime's rollout_data["rewards"] holds for the same rewards: group-normalised for the
-    group-relative estimators (slime's ``_post_process_rewards``) unless normalisation is off."""
-    if not group_relative or algo.disable_rewards_normalization or len(rewards) % n:
-        return rewards
-    return group_normalize(rewards, n, std_normalize=not algo.disable_grpo_std_normalization)

@@ -68,17 +68,17 @@ class Colocated:
         self.engine.sleep()
         empty_cache(self.device)
         if self.offload_optimizer:
-            move_optimizer_state(self.trainer.optimizer, self.device)
+            move_optimizer_state(self.trainer.optimizer.adamw, self.device)
         metrics = self.trainer.train(rollout_id, samples)  # measures its own peak (perf/peak_memory_gb)
         return metrics | {"perf/rollout_peak_memory_gb": rollout_peak}
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The policy's tensors for the engine, once the trainer has made room for it."""
         self.trainer.model.zero_grad(set_to_none=True)
-        for m in self.trainer.master:  # --bf16: the float32 masters' gradients too
+        for m in self.trainer.optimizer.master:  # --bf16: the float32 masters' gradients too
             m.grad = None
         if self.offload_optimizer:
-            move_optimizer_state(self.trainer.optimizer, "cpu")
+            move_optimizer_state(self.trainer.optimizer.adamw, "cpu")
         empty_cache(self.device)
         reset_peak_memory(self.device)  # the rollout phase (weight load, sampling) starts
         self.engine.wake()

@@ -128,7 +128,11 @@ def varlen_attention(module, query, key, value, attention_mask, dropout=0.0, sca
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
     gqa = getattr(module, "num_key_value_groups", 1) > 1  # SDPA repeats k/v heads itself, no copy
+    return _packed_attention(query, key, value, groups, window, softcap, scaling, gqa), None
 
+
+def _packed_attention(query, key, value, groups, window, softcap, scaling, gqa: bool):
+    """``varlen_attention`` over ``packed_groups``: each group's attention, [1, N, H, D]."""
     dev = query.device  # every mask is built where the attention runs: no host-to-device copies
 
     def attend(q, k, v, mask=None):  # mask None: plain causal over a square block
@@ -166,7 +170,7 @@ def varlen_attention(module, query, key, value, attention_mask, dropout=0.0, sca
                 mask = within_window(_bottom_right_causal(r, prompt + r, dev), torch.arange(prompt, prompt + r, device=dev),
                                      torch.arange(prompt + r, device=dev), win)
                 out.append(attend(q, torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2), mask))
-    return torch.cat(out, dim=2).transpose(1, 2).contiguous(), None
+    return torch.cat(out, dim=2).transpose(1, 2).contiguous()
 
 
 PACKED_FORWARD = ContextVar("rlvr_packed_forward", default=False)

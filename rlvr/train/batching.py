@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 def first_fit(lengths: list[int], max_tokens: int) -> list[list[int]]:
@@ -210,3 +213,60 @@ def pad_right(rows: list[list[float]] | list[list[int]], width: int, value: floa
         if row:
             out[i, : len(row)] = torch.tensor(row, dtype=dtype, device="cpu")
     return out
+
+
+# ---- the trainer's micro-batches ---------------------------------------------------------------
+class MicroBatcher:
+    """A rollout's samples into micro-batches as the config asks (``--use-dynamic-batch-size``'s
+    token cap, or ``--micro-batch-size``), through a data-parallel strategy (``parallel.py``: this
+    rank's share, as many micro-batches on every rank)."""
+
+    def __init__(self, train, parallel, device: torch.device):
+        self.cap = train.max_tokens_per_gpu
+        self.dynamic, self.size = train.use_dynamic_batch_size, train.micro_batch_size
+        self.dp, self.device = parallel, device
+
+    def fitting(self, samples) -> set[int]:
+        """Indices of the samples that fit one micro-batch; the others are logged and left out."""
+        cap = self.cap if self.dynamic else None
+        kept = {i for i, s in enumerate(samples) if cap is None or s.total_length <= cap}
+        if len(kept) < len(samples):
+            longest = max(s.total_length for s in samples)
+            log.warning("%d of %d samples are longer than --max-tokens-per-gpu %d (longest %d tokens) and are "
+                        "left out of training; raise the cap or lower --rollout-max-response-len",
+                        len(samples) - len(kept), len(samples), cap, longest)
+        return kept
+
+    def split(self, samples, idx: list[int]) -> list[list[int]]:
+        """Micro-batches of ``idx`` (data-parallel: of this rank's share, as many on every rank)."""
+        idx = self.dp.share(idx, [samples[i].total_length for i in idx])
+        lengths = [samples[i].total_length for i in idx]
+        if self.dynamic:
+            count = len(first_fit_decreasing(lengths, self.cap)) if lengths else 0
+            bins = micro_batches(lengths, self.cap, self.dp.agree_count(count))
+        else:
+            bins = fixed_size(len(idx), self.size)
+        if self.dp.agree_count(len(bins)) != len(bins):
+            raise ValueError(f"rank {self.dp.rank}: {len(idx)} samples make {len(bins)} micro-batches, fewer than "
+                             "another rank's; data-parallel ranks must run as many (raise the batch size)")
+        return [[idx[j] for j in b] for b in bins]
+
+    def forward_all(self, forward, samples, kept: set[int], width: int) -> torch.Tensor:
+        """``forward(micro-batch samples) -> [b, width]`` run over the kept samples, micro-batched
+        (rows of the others stay 0)."""
+        out = torch.zeros(len(samples), width, device=self.device)
+        for mb in self.split(samples, sorted(kept)):
+            out[mb] = forward([samples[i] for i in mb]).float()
+        return self.dp.all_reduce_sum_(out)
+
+    def with_signal(self, idx: list[int], silent: set[int]) -> list[int]:
+        """``idx`` without its silent samples. Data-parallel: as many as a multiple of the world
+        size (silent ones put back, they add exact zeros), so every rank gets an equal share and
+        so as many micro-batches, and every rank leaves the same ones out (the advantages are the
+        same on every rank); with an uneven ``idx`` (overlong samples left out) nothing is left out."""
+        trained = [i for i in idx if i not in silent]
+        world = self.dp.world_size
+        if world > 1 and len(idx) % world:
+            return idx
+        back = set([i for i in idx if i in silent][: -len(trained) % world])
+        return [i for i in idx if i not in silent or i in back]

@@ -51,10 +51,6 @@ class BadStepGuard:
                     "(%d in a row, the run stops at %d)", rollout_id, step, reason, len(self.streak),
                     self.max_consecutive)
 
-    @property
-    def exhausted(self) -> bool:
-        return len(self.streak) >= self.max_consecutive
-
     def raise_if_exhausted(self, where: Callable[[int], str] | None = None) -> None:
         """Raise ``TrainingStopped`` after ``max_consecutive`` skipped steps in a row; ``where(rollout_id)``
         may say where that rollout's samples were saved."""

@@ -27,6 +27,7 @@ import contextlib
 import json
 import logging
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -128,6 +129,28 @@ def dropout_in_training(model: torch.nn.Module):
     finally:
         for m in dropouts:
             m.eval()
+
+
+@dataclass
+class LoraState:
+    """The policy's LoRA, built with it (``add``): the PEFT model wrapping the policy in place (its
+    adapters the only trainable parameters) and what the engines receive (``sync_merged``:
+    merged weights for engines without LoRA layers, else the adapters)."""
+
+    peft: object  # peft.PeftModel
+    sync_merged: bool = False
+
+    @classmethod
+    def add(cls, model: torch.nn.Module, train, sync_merged: bool = False) -> "LoraState | None":
+        """The adapter added to ``model`` when ``train`` asks for LoRA, else None."""
+        return cls(add_adapter(model, train), sync_merged) if enabled(train) else None
+
+    def weights(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        return merged_weights(model) if self.sync_merged else adapter_weights(model)
+
+    def reference(self):
+        """Context in which the policy's forward is the base model's (the KL reference)."""
+        return reference(self.peft)
 
 
 # ---- what the engines receive ----------------------------------------------------------------
