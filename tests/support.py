@@ -95,6 +95,38 @@ def killer(pids: Callable[[], list[int]], in_flight: Callable[[int], bool], run_
         log.append((time.time(), pid))
 
 
+def run_under_kills(cfg, out: Path, pids: Callable[[], list[int]], in_flight: Callable[[int], bool],
+                    seed: int) -> tuple[Path, list]:
+    """``run(cfg)`` (its output directory ``out``) while ``killer`` SIGKILLs the two engines a
+    probe of the run sees (``pids``, ``in_flight``); the run directory and the kills, ``(time,
+    pid)``, once both happened."""
+    from rlvr.runtime.loop import run
+
+    kills: list = []
+    stop = threading.Event()
+    chaos = threading.Thread(target=killer, args=(pids, in_flight, out, random.Random(seed), kills, stop), daemon=True)
+    chaos.start()
+    try:
+        run_dir = run(cfg, console=False)
+    finally:
+        stop.set()
+        chaos.join(5)
+    assert len(kills) == 2, "the run ended before both kills"
+    return run_dir, kills
+
+
+def check_trained_once_none_failed(run_dir: Path, rollouts: int) -> dict:
+    """Every prompt group of a run of ``rollouts`` rollouts (4 groups of 2) was trained exactly
+    once and no trained sample failed; the last rollout's metrics."""
+    from rlvr.observe import read_metrics
+
+    rows = read_ledger(run_dir)
+    check_exactly_once(rows, n=2, batch=4)
+    trained = [r for r in rows if r["trained"]]
+    assert len(trained) == rollouts * 8 and all(r["status"] != "failed" for r in trained)
+    return [r for r in read_metrics(run_dir) if "rollout/step" in r][-1]
+
+
 def generate_requests(n: int, max_new: int) -> list[GenerateRequest]:
     return [GenerateRequest([40, 41, 42, 43], SamplingParams(max_new_tokens=max_new), rid=f"r{i}") for i in range(n)]
 
