@@ -6,6 +6,7 @@ hostile programs. Test modules import these from here, never from one another.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -253,6 +254,27 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "rlvr", *args], capture_output=True, text=True, cwd=ROOT,
                           env=env, timeout=600)
+
+
+def train_openai_agent(ckpt, train: Path, out: Path, *engine_flags: str) -> tuple[list[dict], list[Sample]]:
+    """``rlvr train`` of ``tests.test_agents_openai:openai_agent`` (two turns, the second streamed)
+    for two rollouts of 2 prompts x 2 samples, on the engine ``engine_flags`` pick: the train
+    records (checked: two steps) and the samples trained (checked: the turns' segments, two calls)."""
+    from rlvr.core.types import RolloutBatch
+
+    r = cli("train", *engine_flags, "--hf-checkpoint", str(ckpt), "--prompt-data", str(train),
+            "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "96",
+            "--num-rollout", "2", "--lr", "1e-3", "--output-dir", str(out),
+            "--custom-generate-function-path", "tests.test_agents_openai:openai_agent",
+            "--save-debug-rollout-data", str(out / "dump" / "r{rollout_id}.pt"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if "train/step" in r]
+    assert [r["train/step"] for r in train_rows] == [1, 2]
+    samples = [s for k in range(2) for s in RolloutBatch.load(out / "dump" / f"r{k}.pt").samples]
+    for s in samples:
+        assert [t for _, _, t in s.segments()] == [True, False, True] and s.metadata["openai_calls"] == 2
+    return train_rows, samples
 
 
 # ---- from test_agent_tools.py -----------------------------------------------------------------------
