@@ -192,6 +192,17 @@ def stop_server(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+@contextlib.contextmanager
+def served(ckpt):
+    """``rlvr serve`` of ``ckpt`` on a free port for the ``with`` block: ``(port, process)``."""
+    port = free_port()
+    proc = start_server(ckpt, port)
+    try:
+        yield port, proc
+    finally:
+        stop_server(proc)
+
+
 def post(port: int, route: str, payload: dict, timeout: float = 120) -> tuple[int, dict]:
     req = urllib.request.Request(f"http://127.0.0.1:{port}{route}", data=json.dumps(payload).encode(),
                                  headers={"Content-Type": "application/json"})
