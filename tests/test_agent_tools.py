@@ -18,19 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from examples.agents.my_tools import multiply  # docs/agents.md's example tool: its schema is pinned below
 from rlvr.agents.tools import PythonTool, parse_tool_calls, run_tool, tool_schema
 from rlvr.core.types import Status
 from tests.support import FENCE_PIDS, HOSTILE_CFG, HOSTILE_DIR, agent_rollout, destroy_fence, make_fence
-
-
-def multiply(a: int, b: int) -> int:
-    """Multiply two integers.
-
-    Args:
-        a: the first factor
-        b: the second factor
-    """
-    return a * b
 
 
 def boom(x: str) -> str:
