@@ -1,13 +1,16 @@
-"""Shared pieces of the benchmarks: the models and a realistic RL length distribution."""
+"""Shared pieces of the benchmarks: the models, a realistic RL length distribution and the chat
+workload's flags. Importing it loads no torch (a benchmark sets its threads first)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rlvr.models.tiny import build_tiny_model
-from rlvr.core.types import Sample
+if TYPE_CHECKING:
+    from rlvr.core.types import Sample
 
 # "tiny": the demo's model shape (NOTES.md: 4 layers, hidden 256, 2.7M parameters);
 # "20m": the same family scaled to ~19M parameters.
@@ -26,7 +29,22 @@ def set_threads(n: int = 2) -> None:
     torch.set_num_threads(n)
 
 
+def chat_workload_parser(description: str) -> argparse.ArgumentParser:
+    """A parser with the flags of the SmolLM2 chat workload that ``vllm_engines.py`` times and
+    ``engine_profile.py`` profiles: ``--prompts`` ``chat_prompts`` x 8 samples with long-tailed
+    budgets (``rollout_throughput.budgets``: median ``--median-len``, at most ``--max-len``)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--model", default="models/smollm2-135m-instruct")
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--median-len", type=int, default=48)
+    p.add_argument("--max-len", type=int, default=192)
+    p.add_argument("--threads", type=int, default=1)
+    return p
+
+
 def model_dir(name: str, root: str | Path) -> Path:
+    from rlvr.models.tiny import build_tiny_model
+
     out = Path(root) / name
     if not (out / "config.json").is_file():
         build_tiny_model(out, max_position_embeddings=4096, **MODELS[name])
@@ -37,6 +55,8 @@ def rl_samples(n_prompts: int, n_per_prompt: int, max_response: int, seed: int =
     """GRPO-shaped samples: prompts of 40-200 tokens shared by their group; response lengths
     log-normal (median ~max/5, long tail), truncated at ``max_response`` (a reasoning rollout where
     ~5-10% of responses hit the limit). Rewards alternate so advantages are non-zero."""
+    from rlvr.core.types import Sample
+
     rng = random.Random(seed)
     out = []
     for g in range(n_prompts):
@@ -67,6 +87,8 @@ def chat_samples(tokenizer, n_prompts: int, n_per_prompt: int, max_response: int
     """GRPO-shaped samples on ``chat_prompts``: every response ``max_response`` tokens (``full``,
     the worst case of a length limit) or RL's long tail (log-normal, median ~max/5, as
     ``rl_samples``); token ids drawn from the vocabulary, rewards alternating."""
+    from rlvr.core.types import Sample
+
     rng = random.Random(seed)
     out = []
     for g, prompt in enumerate(chat_prompts(tokenizer, n_prompts, seed)):

@@ -22,7 +22,6 @@ Ends with one JSON line.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -81,17 +80,12 @@ def gemm_rates(model, rows: int, repeats: int = 20) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="models/smollm2-135m-instruct")
-    ap.add_argument("--prompts", type=int, default=16)
-    ap.add_argument("--median-len", type=int, default=48)
-    ap.add_argument("--max-len", type=int, default=192)
-    ap.add_argument("--threads", type=int, default=1)
+    from common import chat_prompts, chat_workload_parser, set_threads
+
+    ap = chat_workload_parser(__doc__.split("\n")[0])
     ap.add_argument("--decode-batch", type=int, default=64, help="rows of the GEMM comparison (requests decoding at once)")
     ap.add_argument("--compile", action="store_true", help="eager vs compiled decoder layers instead of the profile")
     args = ap.parse_args()
-    from common import chat_prompts, set_threads
-
     set_threads(args.threads)
     from torch.profiler import ProfilerActivity, profile
     from transformers import AutoTokenizer

@@ -21,7 +21,6 @@ Ends with one JSON line. Needs vLLM (run it with .venv-vllm/bin/python: ``make v
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -38,7 +37,7 @@ from rlvr.train.logprobs import response_log_probs
 from rlvr.train.trainer import load_policy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import chat_prompts  # noqa: E402
+from common import chat_prompts, chat_workload_parser  # noqa: E402
 from rollout_throughput import N_SAMPLES, budgets, run_hf  # noqa: E402
 
 
@@ -70,12 +69,7 @@ def gap(model, prompts: list[list[int]], results: list) -> dict[str, float]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="models/smollm2-135m-instruct")
-    p.add_argument("--prompts", type=int, default=16)
-    p.add_argument("--median-len", type=int, default=48)
-    p.add_argument("--max-len", type=int, default=192)
-    p.add_argument("--threads", type=int, default=1)
+    p = chat_workload_parser(__doc__.split("\n")[0])
     p.add_argument("--hf-prompts-per-call", type=int, default=16)
     p.add_argument("--skip-hf", action="store_true")
     args = p.parse_args()

@@ -6,6 +6,7 @@ hostile programs. Test modules import these from here, never from one another.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -95,6 +96,38 @@ def killer(pids: Callable[[], list[int]], in_flight: Callable[[int], bool], run_
         log.append((time.time(), pid))
 
 
+def run_under_kills(cfg, out: Path, pids: Callable[[], list[int]], in_flight: Callable[[int], bool],
+                    seed: int) -> tuple[Path, list]:
+    """``run(cfg)`` (its output directory ``out``) while ``killer`` SIGKILLs the two engines a
+    probe of the run sees (``pids``, ``in_flight``); the run directory and the kills, ``(time,
+    pid)``, once both happened."""
+    from rlvr.runtime.loop import run
+
+    kills: list = []
+    stop = threading.Event()
+    chaos = threading.Thread(target=killer, args=(pids, in_flight, out, random.Random(seed), kills, stop), daemon=True)
+    chaos.start()
+    try:
+        run_dir = run(cfg, console=False)
+    finally:
+        stop.set()
+        chaos.join(5)
+    assert len(kills) == 2, "the run ended before both kills"
+    return run_dir, kills
+
+
+def check_trained_once_none_failed(run_dir: Path, rollouts: int) -> dict:
+    """Every prompt group of a run of ``rollouts`` rollouts (4 groups of 2) was trained exactly
+    once and no trained sample failed; the last rollout's metrics."""
+    from rlvr.observe import read_metrics
+
+    rows = read_ledger(run_dir)
+    check_exactly_once(rows, n=2, batch=4)
+    trained = [r for r in rows if r["trained"]]
+    assert len(trained) == rollouts * 8 and all(r["status"] != "failed" for r in trained)
+    return [r for r in read_metrics(run_dir) if "rollout/step" in r][-1]
+
+
 def generate_requests(n: int, max_new: int) -> list[GenerateRequest]:
     return [GenerateRequest([40, 41, 42, 43], SamplingParams(max_new_tokens=max_new), rid=f"r{i}") for i in range(n)]
 
@@ -159,6 +192,17 @@ def stop_server(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+@contextlib.contextmanager
+def served(ckpt):
+    """``rlvr serve`` of ``ckpt`` on a free port for the ``with`` block: ``(port, process)``."""
+    port = free_port()
+    proc = start_server(ckpt, port)
+    try:
+        yield port, proc
+    finally:
+        stop_server(proc)
+
+
 def post(port: int, route: str, payload: dict, timeout: float = 120) -> tuple[int, dict]:
     req = urllib.request.Request(f"http://127.0.0.1:{port}{route}", data=json.dumps(payload).encode(),
                                  headers={"Content-Type": "application/json"})
@@ -221,6 +265,27 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "rlvr", *args], capture_output=True, text=True, cwd=ROOT,
                           env=env, timeout=600)
+
+
+def train_openai_agent(ckpt, train: Path, out: Path, *engine_flags: str) -> tuple[list[dict], list[Sample]]:
+    """``rlvr train`` of ``tests.test_agents_openai:openai_agent`` (two turns, the second streamed)
+    for two rollouts of 2 prompts x 2 samples, on the engine ``engine_flags`` pick: the train
+    records (checked: two steps) and the samples trained (checked: the turns' segments, two calls)."""
+    from rlvr.core.types import RolloutBatch
+
+    r = cli("train", *engine_flags, "--hf-checkpoint", str(ckpt), "--prompt-data", str(train),
+            "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "96",
+            "--num-rollout", "2", "--lr", "1e-3", "--output-dir", str(out),
+            "--custom-generate-function-path", "tests.test_agents_openai:openai_agent",
+            "--save-debug-rollout-data", str(out / "dump" / "r{rollout_id}.pt"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if "train/step" in r]
+    assert [r["train/step"] for r in train_rows] == [1, 2]
+    samples = [s for k in range(2) for s in RolloutBatch.load(out / "dump" / f"r{k}.pt").samples]
+    for s in samples:
+        assert [t for _, _, t in s.segments()] == [True, False, True] and s.metadata["openai_calls"] == 2
+    return train_rows, samples
 
 
 # ---- from test_agent_tools.py -----------------------------------------------------------------------

@@ -18,19 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from examples.agents.my_tools import multiply  # docs/agents.md's example tool: its schema is pinned below
 from rlvr.agents.tools import PythonTool, parse_tool_calls, run_tool, tool_schema
 from rlvr.core.types import Status
 from tests.support import FENCE_PIDS, HOSTILE_CFG, HOSTILE_DIR, agent_rollout, destroy_fence, make_fence
-
-
-def multiply(a: int, b: int) -> int:
-    """Multiply two integers.
-
-    Args:
-        a: the first factor
-        b: the second factor
-    """
-    return a * b
 
 
 def boom(x: str) -> str:
@@ -117,6 +108,29 @@ def test_max_turns_and_the_token_budget_bound_the_loop(tiny_qwen2):
     group = rollout.next_groups(1)[0]
     asyncio.run(rollout.run_group(group, rollout.sampling_params(), False))
     assert all(s.response_length <= 100 and s.status == Status.TRUNCATED for s in group)
+
+
+def test_the_agent_keeps_the_tools_the_builder_loaded(tiny_qwen2, monkeypatch):
+    """The builder loads ``--tools`` once (it renders the prompts with their schemas) and hands the
+    agent those callables; the agent uses them, and loads the flag itself only when given none."""
+    import rlvr.agents.tools as agent_tools
+    from rlvr.agents.hooks import Agent
+    from rlvr.config import Config
+
+    loads = []
+    load_tools = agent_tools.load_tools
+    monkeypatch.setattr(agent_tools, "load_tools", lambda spec: loads.append(spec) or load_tools(spec))
+    rollout, _, tok = agent_rollout(tiny_qwen2, ["408"])
+    assert loads == ["tests.test_agent_tools:TOOLS"]  # by the builder, not again by the agent
+    assert list(rollout.agent.tools) == ["multiply", "boom", "slow"]
+
+    cfg = Config()
+    cfg.agent.tools = "tests.test_agent_tools:TOOLS"
+    given = {"multiply": multiply}
+    agent = Agent(cfg.agent, None, tok, tools=given, chat_template={}, max_response_len=16)
+    assert agent.tools == given and len(loads) == 1
+    assert Agent(cfg.agent, None, tok, chat_template={}, max_response_len=16).tools.keys() == {"multiply", "boom", "slow"}
+    assert len(loads) == 2  # no tools given: the agent loads the flag's
 
 
 class CountdownEnv:

@@ -12,7 +12,7 @@ openai = pytest.importorskip("openai")
 
 from rlvr.agents import context  # noqa: E402
 from rlvr.core.testing import RUN_SILENT_ENV  # noqa: E402
-from rlvr.core.types import RolloutBatch, Status  # noqa: E402
+from rlvr.core.types import Status  # noqa: E402
 
 TOOL_SCHEMAS = [{"type": "function", "function": {
     "name": "multiply", "description": "Multiply two integers.",
@@ -141,23 +141,11 @@ def test_openai_agent_trains_two_rollouts_with_exact_log_probs(tiny_qwen2, arith
     """2 turns, the second streamed token by token, through the CLI: 2 rollouts, exact log-probs."""
     # the tiny model's rollouts may have no reward variance at all: run every sample's forward, whose numbers this checks
     monkeypatch.setenv(RUN_SILENT_ENV, "1")
-    from tests.support import cli
+    from tests.support import train_openai_agent
 
-    train, _ = arith_files
-    out = tmp_path / "run"
-    r = cli("train", "--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(train),
-            "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "96",
-            "--num-rollout", "2", "--lr", "1e-3", "--output-dir", str(out),
-            "--custom-generate-function-path", "tests.test_agents_openai:openai_agent",
-            "--save-debug-rollout-data", str(out / "dump" / "r{rollout_id}.pt"))
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    train_rows = [r for r in rows if "train/step" in r]
-    assert [r["train/step"] for r in train_rows] == [1, 2]
+    train_rows, samples = train_openai_agent(tiny_qwen2, arith_files[0], tmp_path / "run")
     diffs = [r["train/train_rollout_logprob_abs_diff"] for r in train_rows]
     print("openai agent: mean |trainer - engine| log-prob per rollout:", diffs)
     assert all(d < 1e-5 for d in diffs)  # on-policy, one step per rollout: p0 == q on the model tokens
-    for k in range(2):
-        for s in RolloutBatch.load(out / "dump" / f"r{k}.pt").samples:
-            assert [t for _, _, t in s.segments()] == [True, False, True] and s.metadata["openai_calls"] == 2
-            assert s.metadata["streamed"] in s.response  # the streamed text is the recorded turn's
+    for s in samples:
+        assert s.metadata["streamed"] in s.response  # the streamed text is the recorded turn's

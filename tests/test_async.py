@@ -3,6 +3,7 @@ log-probs of stale samples, and the config rules. Real engine, real trainer, tin
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,7 +21,8 @@ from rlvr.runtime.loop import run
 from rlvr.core.types import RolloutBatch
 from rlvr.observe import read_metrics
 from rlvr.rewards import Grader, RewardConfig
-from rlvr.rollout.producer import AsyncProducer
+from rlvr.rollout.pipeline import PipelinedProducer
+from rlvr.rollout.producer import AsyncProducer, RolloutFunctionProducer
 from rlvr.rollout.rollout import Rollout
 from tests.support import check_exactly_once, read_ledger
 
@@ -172,3 +174,28 @@ def test_async_checkpoint_keeps_untrained_groups_and_resume_trains_each_once(tin
     check_exactly_once(rows, n=2, batch=4)
     assert buffered <= {r["uid"].split("/")[0] for r in rows if r["trained"] and r["rollout_id"] >= 2} | \
         {r["uid"].split("/")[0] for r in rows if not r["trained"]}
+
+
+class _BrokenRollout:
+    """A rollout whose every way of making samples raises, as a user's bug would."""
+
+    cfg = SimpleNamespace(rollout_batch_size=1)
+
+    def sampling_params(self):
+        raise ZeroDivisionError("my bug")
+
+    def generate(self, rollout_id):
+        raise ZeroDivisionError("my bug")
+
+
+@pytest.mark.parametrize("make,what", [
+    (lambda r: AsyncProducer(r, concurrency=1, max_staleness=0), "the rollout producer failed"),
+    (lambda r: RolloutFunctionProducer(r, max_staleness=0), "the rollout function failed"),
+    (lambda r: PipelinedProducer(r, r.generate, max_staleness=0), "the rollout producer failed"),
+], ids=["groups", "rollout-function", "pipelined"])
+def test_a_producer_thread_that_fails_fails_the_trainers_next_call(make, what):
+    with make(_BrokenRollout()) as source:
+        with pytest.raises(RuntimeError, match=what) as raised:
+            source.next_batch(0)
+        assert isinstance(raised.value.__cause__, ZeroDivisionError)
+        assert source.pending_groups() == []  # the failed thread is not waited for

@@ -7,7 +7,6 @@ import asyncio
 import json
 import logging
 import os
-import random
 import signal
 import threading
 import time
@@ -26,7 +25,8 @@ from rlvr.engine.remote.supervisor import EngineSupervisor
 from rlvr.runtime.loop import run
 from rlvr.observe import read_metrics
 from rlvr.core.testing import RAISE_AT_ENV, RUN_SILENT_ENV
-from tests.support import check_exactly_once, check_monitor_survives_a_kill, generate_requests, killer, read_ledger, wait_until
+from tests.support import (check_monitor_survives_a_kill, check_trained_once_none_failed, generate_requests,
+                           run_under_kills, wait_until)
 
 pytestmark = pytest.mark.slow
 
@@ -83,25 +83,14 @@ def test_chaos_two_sigkills_during_rollout(tiny_qwen2, arith_files, tmp_path, ca
     if mode == "async":
         args += ["--async", "--max-staleness", "1", "--rollout-concurrency", "8"]
     cfg = parse_config(args)
-    kills: list = []
-    stop = threading.Event()
     pids, in_flight = local_engine_probe(monkeypatch)
-    chaos = threading.Thread(target=killer, args=(pids, in_flight, out, random.Random(9), kills, stop), daemon=True)
     with caplog.at_level(logging.WARNING, logger="rlvr.engine.remote.supervisor"):
-        chaos.start()
-        run_dir = run(cfg, console=False)
-    stop.set()
-    chaos.join(5)
-    assert len(kills) == 2, "the run ended before both kills"
+        run_dir, kills = run_under_kills(cfg, out, pids, in_flight, seed=9)
     # the run finished, and every prompt group was trained exactly once
-    rows = read_ledger(run_dir)
-    check_exactly_once(rows, n=2, batch=4)
-    trained = [r for r in rows if r["trained"]]
-    assert len(trained) == 8 * 8 and all(r["status"] != "failed" for r in trained)
+    last = check_trained_once_none_failed(run_dir, rollouts=8)
     # the restarts are visible in the metrics and the logs
-    rollouts = [r for r in read_metrics(run_dir) if "rollout/step" in r]
-    assert rollouts[-1]["rollout/engine_restarts"] == 2.0
-    assert rollouts[-1]["rollout/engine_reissued_requests"] >= 1.0  # a kill cut requests in flight
+    assert last["rollout/engine_restarts"] == 2.0
+    assert last["rollout/engine_reissued_requests"] >= 1.0  # a kill cut requests in flight
     downs = [r for r in caplog.records if "is down" in r.getMessage()]
     restarts = [r for r in caplog.records if "restarted as pid" in r.getMessage()]
     # Both restarts began (the metric above counts them); the log line comes once the new engine is
@@ -223,19 +212,12 @@ def test_deterministic_run_is_exact_through_engine_kills(tiny_qwen2, arith_files
                             "48", "--num-rollout", "6", "--lr", "1e-3", "--output-dir", str(out),
                             "--use-fault-tolerance", "--rollout-num-engines", "2", "--deterministic-mode",
                             "--rollout-health-check-interval", "0.3", "--rollout-health-check-timeout", "2"])
-        kills: list = []
-        stop = threading.Event()
         with monkeypatch.context() as m:
             pids, in_flight = local_engine_probe(m)
-            chaos = threading.Thread(target=killer, args=(pids, in_flight, out, random.Random(3), kills, stop),
-                                     daemon=True)
-            if kill:
-                chaos.start()
-            run_dir = run(cfg, console=False)
-            stop.set()
-            if kill:
-                chaos.join(5)
-        assert len(kills) == (2 if kill else 0), "the run ended before both kills"
+            if kill:  # both kills happened (run_under_kills checks it)
+                run_dir, _ = run_under_kills(cfg, out, pids, in_flight, seed=3)
+            else:
+                run_dir = run(cfg, console=False)
         records = {}
         for r in read_metrics(run_dir):
             key = next((k, r[k]) for k in ("rollout/step", "train/step") if k in r)

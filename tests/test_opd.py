@@ -22,7 +22,7 @@ from rlvr.train.packing import Layout
 from rlvr.train.teacher import LoadedTeacher, ServedTeacher, response_logprobs_of
 from rlvr.train.trainer import Trainer, load_policy
 from tests.conftest import SMALL, random_samples
-from tests.support import free_port, post, start_server, stop_server
+from tests.support import free_port, post, served
 
 
 def test_opd_advantages_by_hand():
@@ -109,10 +109,8 @@ def test_loaded_teacher_shapes_advantages_exactly(tiny_qwen2, teacher_ckpt):
 
 @pytest.fixture(scope="module")
 def teacher_server(teacher_ckpt):
-    port = free_port()
-    proc = start_server(teacher_ckpt, port)
-    yield port
-    stop_server(proc)
+    with served(teacher_ckpt) as (port, _):
+        yield port
 
 
 def test_served_teacher_matches_the_loaded_one(teacher_ckpt, teacher_server):

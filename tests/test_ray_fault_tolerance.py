@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import glob
 import os
-import random
 import signal
 import threading
 import time
@@ -16,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from rlvr.runtime.configure import parse_config
-from rlvr.observe import read_metrics
-from tests.support import check_exactly_once, check_monitor_survives_a_kill, killer, read_ledger, wait_until
+from tests.support import check_monitor_survives_a_kill, check_trained_once_none_failed, run_under_kills, wait_until
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -91,35 +89,19 @@ def hold_rollout_until(monkeypatch, rollout_id: int, condition, what: str) -> No
 # pushes weights from the producer's thread while engines restart; sync re-issues within a rollout.
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_chaos_two_sigkills_during_rollout(ray_cluster, tiny_qwen2, arith_files, tmp_path, monkeypatch, mode):
-    from rlvr.runtime.loop import run
-
     out = tmp_path / "run"
     extra = ["--async", "--max-staleness", "1", "--rollout-concurrency", "8"] if mode == "async" else []
     # 10 rollouts: the kills come after rollouts 0 and 1 (once the victim is decoding).
     cfg = parse_config(ft_args(tiny_qwen2, arith_files[0], out, "--num-rollout", "10", *extra))
-    kills: list = []
-    stop = threading.Event()
     pids, in_flight, all_up = ray_engine_probe(monkeypatch)
     # A replacement is a new worker importing torch (5-30 s on a busy CPU): the last rollout waits
     # for both to be up, so its engines_up is the state after recovery, not a race with the run's end.
     hold_rollout_until(monkeypatch, 9, all_up, "both killed engines are replaced and up")
-    chaos = threading.Thread(target=killer, args=(pids, in_flight, out, random.Random(9), kills, stop), daemon=True)
-    chaos.start()
     t0 = time.time()
-    try:
-        run_dir = run(cfg, console=False)
-    finally:
-        stop.set()
-        chaos.join(5)
-    assert len(kills) == 2, "the run ended before both kills"
+    run_dir, kills = run_under_kills(cfg, out, pids, in_flight, seed=9)
     # the run finished, and every prompt group was trained exactly once
-    rows = read_ledger(run_dir)
-    check_exactly_once(rows, n=2, batch=4)
-    trained = [r for r in rows if r["trained"]]
-    assert len(trained) == 10 * 8 and all(r["status"] != "failed" for r in trained)
+    last = check_trained_once_none_failed(run_dir, rollouts=10)
     # the restarts are visible in the metrics and the logs
-    rollouts = [r for r in read_metrics(run_dir) if "rollout/step" in r]
-    last = rollouts[-1]
     print(f"{mode} chaos run {time.time() - t0:.1f} s: kills {kills}; restarts {last['rollout/engine_restarts']}, "
           f"re-issued {last['rollout/engine_reissued_requests']}, engines up {last['rollout/engines_up']}")
     assert last["rollout/engine_restarts"] == 2.0 and last["rollout/engines_up"] == 2.0

@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlvr.engine.base import GenerateRequest, SamplingParams
 from rlvr.engine.remote.client import HttpEngine
-from tests.support import free_port, post, start_server, stop_server
+from tests.support import free_port, post, served
 from rlvr.core.testing import RUN_SILENT_ENV
 
 pytestmark = pytest.mark.slow
@@ -26,10 +26,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def server(tiny_qwen2):
-    port = free_port()
-    proc = start_server(tiny_qwen2, port)
-    yield port
-    stop_server(proc)
+    with served(tiny_qwen2) as (port, _):
+        yield port
 
 
 @pytest.fixture(scope="module")
@@ -162,9 +160,7 @@ def test_openai_chat_completion_applies_the_chat_template(server, local):
 def test_client_survives_a_server_killed_mid_rollout(server, local, tiny_qwen2):
     """Two servers at once, one SIGKILLed mid-rollout: every request is answered exactly once."""
     tok, model = local
-    port_b = free_port()
-    proc_b = start_server(tiny_qwen2, port_b)
-    try:
+    with served(tiny_qwen2) as (port_b, proc_b):
         engine = HttpEngine([f"127.0.0.1:{server}", f"127.0.0.1:{port_b}"], timeout=120, retries=2, cooldown=60)
         prompts = [tok(f"{a}+{a}=", add_special_tokens=False)["input_ids"] for a in range(16)]
         reqs = [GenerateRequest(p, SamplingParams(temperature=1.0, max_new_tokens=400), rid=f"r{i}")
@@ -188,8 +184,6 @@ def test_client_survives_a_server_killed_mid_rollout(server, local, tiny_qwen2):
         r = res[0]  # and the answers are real samples: log-probs of the tokens under the model
         ref = _forward_log_probs(model, reqs[0].prompt_ids, r.token_ids, 1.0)
         torch.testing.assert_close(torch.tensor(r.log_probs), ref, atol=1e-4, rtol=0)
-    finally:
-        stop_server(proc_b)
 
 
 def test_client_returns_an_error_result_when_no_server_answers():

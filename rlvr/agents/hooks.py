@@ -97,7 +97,7 @@ class Agent:
         if a.tools or a.environment_path or chat_template is not None:
             from rlvr.agents.turns import ChatTurns
 
-            tools = None
+            schemas = None  # what the chat template renders; ``tools`` stays the callables given
             if a.tools:
                 from rlvr.agents.tools import load_tools, tool_schemas
 
@@ -111,9 +111,9 @@ class Agent:
                 for tool in self.tools.values():
                     if hasattr(tool, "configure") and sandbox_limits is not None:  # the python tool
                         tool.configure(sandbox_limits)
-                tools = tool_schemas(self.tools)
+                schemas = tool_schemas(self.tools)
             # Refuses at start-up a template that is not prefix-preserving for tool/user turns.
-            self.turns = ChatTurns(tokenizer, tools, chat_template)
+            self.turns = ChatTurns(tokenizer, schemas, chat_template)
         if a.custom_generate_function_path:
             self.generate_fn = _hook(a.custom_generate_function_path, "--custom-generate-function-path")
         elif a.tools:

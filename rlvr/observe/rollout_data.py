@@ -6,8 +6,9 @@ field of its rollout data: ``rollout/log_probs`` (the old policy p0), ``rollout/
 ``rollout/values`` (PPO), ``rollout/rewards`` (the per-sample rewards as the estimator normalised
 them, handed over by the trainer's advantage step), ``rollout/response_lengths``,
 ``rollout/total_lengths``, ``rollout/truncated``, and one ``rollout/<key>`` per scalar
-``train_metadata`` entry (DCPO's ``rollout/dcpo_confidence``). A per-token field is averaged as slime's ``sum_of_sample_mean``: each sample's mean over its
-loss-masked tokens, then the mean over samples (a sample with no trained token counts as 0).
+``train_metadata`` entry (DCPO's ``rollout/dcpo_confidence``). A per-token field is averaged as
+slime's ``sum_of_sample_mean``: each sample's mean over its loss-masked tokens, then the mean over
+samples (a sample with no trained token counts as 0).
 """
 
 from __future__ import annotations

@@ -25,13 +25,11 @@ requires with this producer).
 
 from __future__ import annotations
 
-import threading
-import time
 from collections import deque
-from typing import Mapping
 
 from rlvr.core.types import RolloutBatch, Sample
-from rlvr.rollout.producer import BatchSource, stop_thread, untrained_groups
+from rlvr.rollout.producer import BatchSource, untrained_groups
+from rlvr.rollout.producer_thread import ProducerThread, weights_snapshot
 
 
 class PipelinedProducer(BatchSource):
@@ -43,19 +41,16 @@ class PipelinedProducer(BatchSource):
                  state: dict | None = None):
         self.rollout, self.make, self.max_staleness, self.start = rollout, make, max_staleness, start
         self.stop = stop  # --num-rollout: no rollout at or after it is made
-        self._cv = threading.Condition()
-        self._ready: dict[int, RolloutBatch] = {}
+        self.thread = ProducerThread("rlvr-pipelined-rollout", "the rollout producer", 600)
+        self._cv = self.thread.cv  # guards the state below and the thread's ready batches
         self._next_id = start
         if state is not None:  # resumed: the batches the checkpoint holds, the next id it names
-            self._ready = {b["rollout_id"]: RolloutBatch.from_dict(b) for b in state["ready"]}
+            self.thread.ready = {b["rollout_id"]: RolloutBatch.from_dict(b) for b in state["ready"]}
             self._next_id = state["next_id"]
         self.engine_version = start
         self._pushes: deque[tuple[dict, int]] = deque()  # queued in version order, applied when due
         self._pushed = start  # the newest version the trainer pushed
-        self._busy = self._closing = False
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, name="rlvr-pipelined-rollout", daemon=True)
-        self._thread.start()
+        self.thread.start(self._main)
 
     def due(self, rollout_id: int) -> int:
         """The weight version rollout ``rollout_id`` is sampled with."""
@@ -63,22 +58,13 @@ class PipelinedProducer(BatchSource):
 
     # ---- what the driver calls -------------------------------------------------------------
     def next_batch(self, rollout_id: int) -> RolloutBatch:
-        t0 = time.perf_counter()
-        with self._cv:
-            while rollout_id not in self._ready:
-                self._raise_if_failed()
-                self._cv.wait(timeout=1.0)
-            batch = self._ready.pop(rollout_id)
-            self._cv.notify_all()
-        batch.metrics["perf/rollout_wait_time"] = time.perf_counter() - t0
-        return batch
+        return self.thread.take(rollout_id)
 
     def update_weights(self, weights, version: int) -> None:
-        snapshot = {k: v.detach().clone() for k, v in weights.items()} if isinstance(weights, Mapping) else weights
         with self._cv:
             if version <= self._pushed:
                 raise ValueError(f"weights pushed out of order: version {version} after {self._pushed}")
-            self._pushes.append((snapshot, version))
+            self._pushes.append((weights_snapshot(weights), version))
             self._pushed = version
             self._cv.notify_all()
 
@@ -96,38 +82,28 @@ class PipelinedProducer(BatchSource):
         taken at one moment (module docstring)."""
         with self._cv:
             self._wait_in_engine()
+            ready = self.thread.ready
             return {"data_source": self.rollout.data_state(),
-                    "pipeline": {"next_id": self._next_id,
-                                 "ready": [self._ready[r].to_dict() for r in sorted(self._ready)]}}
+                    "pipeline": {"next_id": self._next_id, "ready": [ready[r].to_dict() for r in sorted(ready)]}}
 
     def pending_groups(self) -> list[list[Sample]]:
         with self._cv:
-            while self._busy and self._error is None:
-                self._cv.wait(timeout=1.0)
-            return untrained_groups(self._ready)
+            return untrained_groups(self.thread.made())
 
     def close(self) -> None:
-        with self._cv:
-            self._closing = True
-            self._cv.notify_all()
-        stop_thread(self._thread, 600, "the pipelined rollout (at the end of the run)")
+        self.thread.close()
 
     # ---- the producer's thread ---------------------------------------------------------------
     def _wait_in_engine(self) -> None:
         """Until the newest push is in the engine and no rollout is being made. Holds ``_cv``."""
-        while (self.engine_version < self._pushed or self._busy) and self._error is None:
-            self._cv.wait(timeout=1.0)
-        self._raise_if_failed()
-
-    def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise RuntimeError("the rollout producer failed") from self._error
+        self.thread.wait(lambda: self.engine_version >= self._pushed and not self.thread.busy)
+        self.thread.raise_if_failed()
 
     def _next_step(self):
         """What the thread does next: ("push", weights, version), ("make", id) or None (closing).
         Holds ``_cv``."""
         while True:
-            if self._closing:
+            if self.thread.closing:
                 return None
             target, more = self.due(self._next_id), self.stop is None or self._next_id < self.stop
             # A push is applied right before the first rollout due at its version, or at once when
@@ -136,31 +112,26 @@ class PipelinedProducer(BatchSource):
                 weights, version = self._pushes.popleft()
                 return "push", weights, version
             if self.engine_version == target and more:
-                self._busy = True
+                self.thread.busy = True
                 return "make", self._next_id
             self._cv.wait()
 
     def _main(self) -> None:
-        try:
-            while True:
-                with self._cv:
-                    step = self._next_step()
-                if step is None:
-                    return
-                if step[0] == "push":
-                    self.rollout.update_weights(step[1], step[2])
-                    with self._cv:
-                        self.engine_version = step[2]
-                        self._cv.notify_all()
-                    continue
-                rollout_id = step[1]
-                batch = self.make(rollout_id)
-                batch.metrics["rollout/engine_version"] = float(self.engine_version)
-                with self._cv:
-                    self._ready[rollout_id] = batch
-                    self._next_id, self._busy = rollout_id + 1, False
-                    self._cv.notify_all()
-        except BaseException as e:  # contained: the trainer's next call raises it
+        while True:
             with self._cv:
-                self._error, self._busy = e, False
+                step = self._next_step()
+            if step is None:
+                return
+            if step[0] == "push":
+                self.rollout.update_weights(step[1], step[2])
+                with self._cv:
+                    self.engine_version = step[2]
+                    self._cv.notify_all()
+                continue
+            rollout_id = step[1]
+            batch = self.make(rollout_id)
+            batch.metrics["rollout/engine_version"] = float(self.engine_version)
+            with self._cv:
+                self.thread.ready[rollout_id] = batch
+                self._next_id, self.thread.busy = rollout_id + 1, False
                 self._cv.notify_all()

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections import deque
 from typing import Mapping, Protocol
@@ -59,6 +58,7 @@ from typing import Mapping, Protocol
 import torch
 
 from rlvr.core.types import RolloutBatch, Sample, Status, sample_to_dict
+from rlvr.rollout.producer_thread import ProducerThread
 
 log = logging.getLogger(__name__)
 
@@ -134,13 +134,6 @@ class BatchSource(Protocol):
         self.close()
 
 
-def stop_thread(thread: threading.Thread, timeout: float, what: str) -> None:
-    """Join a producer's thread (already told to stop); log when it outlives ``timeout``."""
-    thread.join(timeout=timeout)
-    if thread.is_alive():
-        log.error("%s did not stop within %.0f s", what, timeout)
-
-
 class SyncBatches(BatchSource):
     """The synchronous source: rollout ``r`` is generated when the driver asks for it."""
 
@@ -171,7 +164,11 @@ class AsyncProducer(BatchSource):
             raise ValueError(f"inflight must be 'abort' or 'finish', got {inflight!r}")
         self.rollout, self.concurrency, self.max_staleness, self.inflight = rollout, concurrency, max_staleness, inflight
         self.batch_size = rollout.cfg.rollout_batch_size
-        self._cv = threading.Condition()  # guards everything below the trainer thread also reads
+        # The loop the thread runs; made here so that a notify before the thread starts is kept.
+        self._loop = asyncio.new_event_loop()
+        self._wake = asyncio.Event()
+        self.thread = ProducerThread("rlvr-producer", "the rollout producer", 120, wake=self._wake_loop)
+        self._cv = self.thread.cv  # guards everything below the trainer thread also reads
         self._ready: list[list[Sample]] = []  # finished, graded groups
         self._retry: deque[list[Sample]] = deque()  # groups to continue (aborted) or re-generate (stale)
         self._in_flight: dict[asyncio.Task, list[Sample]] = {}
@@ -179,17 +176,9 @@ class AsyncProducer(BatchSource):
         self._deadline: dict[str, int] = {}
         self._next_version = version  # the policy version the next batch is trained at
         self.engine_version = version  # the weights the engine holds
-        self._pending_weights: tuple[dict[str, torch.Tensor], int] | None = None
         self._counts = dict.fromkeys(COUNTS, 0.0)  # since the last batch was taken
-        self._error: BaseException | None = None
-        self._closing = False
         self._last_take = time.perf_counter()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._wake: asyncio.Event | None = None
-        started = threading.Event()
-        self._thread = threading.Thread(target=self._main, args=(started,), name="rlvr-producer", daemon=True)
-        self._thread.start()
-        started.wait()
+        self.thread.start(self._main)
 
     # ---- what the driver calls (trainer thread) ---------------------------------------------
     def next_batch(self, rollout_id: int) -> RolloutBatch:
@@ -198,8 +187,7 @@ class AsyncProducer(BatchSource):
         with self._cv:
             self._next_version = rollout_id
             while True:
-                if self._error is not None:
-                    raise RuntimeError("the rollout producer failed") from self._error
+                self.thread.raise_if_failed()
                 self._regenerate_stale(rollout_id)
                 groups = self._select()
                 if groups is not None:
@@ -215,7 +203,7 @@ class AsyncProducer(BatchSource):
                       "rollout/ready_groups": float(len(self._ready)),
                       "rollout/engine_version": float(self.engine_version),
                       "perf/rollout_wait_time": time.perf_counter() - t0}
-        self._notify()  # room for more groups
+        self.thread.notify()  # room for more groups
         now = time.perf_counter()
         elapsed, self._last_take = now - self._last_take, now
         return self.rollout.make_batch(rollout_id, groups, elapsed, extra)
@@ -245,19 +233,13 @@ class AsyncProducer(BatchSource):
         return sorted(must, key=lambda g: (self._deadline[g[0].group_uid], _draw(g))) + due[: b - len(must)]
 
     def update_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
-        """Hand the producer new weights; it applies them to the engine on its own thread. Live
-        tensors (a mapping) are copied, since the trainer goes on changing its parameters; anything
-        else -- under Ray, an object-store reference -- is a snapshot already and passes as it is."""
-        snapshot = {k: v.detach().clone() for k, v in weights.items()} if isinstance(weights, Mapping) else weights
-        with self._cv:
-            self._pending_weights = (snapshot, version)  # a newer push supersedes one not yet applied
-        self._notify()
+        """Hand the producer new weights (a snapshot, superseding a push not yet applied); it
+        applies them to the engine on its own thread."""
+        self.thread.push(weights, version)
 
     def wait_for_weights(self) -> None:
         """Block until the last pushed weights are on the engine (before an eval)."""
-        with self._cv:
-            while self._pending_weights is not None and self._error is None:
-                self._cv.wait(timeout=1.0)
+        self.thread.wait_for_weights()
 
     def pending_groups(self) -> list[list[Sample]]:
         """Groups drawn but not yet trained (ready, in flight, waiting to be retried), fresh."""
@@ -274,33 +256,19 @@ class AsyncProducer(BatchSource):
 
     def close(self) -> None:
         """Abort what is in flight and stop the thread."""
-        with self._cv:
-            self._closing = True
-        self._notify()
-        stop_thread(self._thread, 120, "the rollout producer")
+        self.thread.close()
 
     # ---- the producer thread ------------------------------------------------------------------
-    def _notify(self) -> None:
-        with self._cv:
-            self._cv.notify_all()
-        if self._loop is not None and self._wake is not None:
-            try:
-                self._loop.call_soon_threadsafe(self._wake.set)
-            except RuntimeError:  # the loop has closed
-                pass
+    def _wake_loop(self) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._wake.set)
+        except RuntimeError:  # the loop has closed
+            pass
 
-    def _main(self, started: threading.Event) -> None:
-        self._loop = asyncio.new_event_loop()
+    def _main(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self._wake = asyncio.Event()
-        started.set()
         try:
             self._loop.run_until_complete(self._produce())
-        except BaseException as e:  # contained: the trainer's next_batch raises it
-            log.exception("the rollout producer failed")
-            with self._cv:
-                self._error = e
-                self._cv.notify_all()
         finally:
             self._loop.close()
 
@@ -309,14 +277,14 @@ class AsyncProducer(BatchSource):
         while True:
             self._wake.clear()  # before reading the state: a notify from now on is not lost
             with self._cv:
-                closing, update = self._closing, self._pending_weights
+                closing, update = self.thread.closing, self.thread.pending_weights
             if closing:
                 return await self._stop_in_flight()
             if update is not None:
                 if self.inflight == "abort":
                     await self._stop_in_flight()
                 if not self._in_flight:  # "finish": only once the ones in flight are done
-                    await self._apply(*update)
+                    await self._apply(update)
                     continue
             else:
                 while self._admissible():
@@ -385,7 +353,7 @@ class AsyncProducer(BatchSource):
         self._retry.extendleft(self._stale_reset(g) for g in reversed(stale))
         log.info("%d groups would be trained more than --max-staleness %d versions old; re-generating them",
                  len(stale), self.max_staleness)
-        self._notify()
+        self.thread.notify()
 
     async def _stop_in_flight(self) -> None:
         """Abort every request in flight and file the groups (aborted ones go to the retry queue)."""
@@ -396,14 +364,13 @@ class AsyncProducer(BatchSource):
         for task in done:
             self._file(task)
 
-    async def _apply(self, weights: dict[str, torch.Tensor], version: int) -> None:
+    async def _apply(self, update: tuple[dict[str, torch.Tensor], int]) -> None:
         t0 = time.perf_counter()
+        weights, version = update
         await asyncio.to_thread(self.rollout.engine.update_weights, weights, version)
         with self._cv:
-            if self._pending_weights is not None and self._pending_weights[1] == version:
-                self._pending_weights = None
             self.engine_version = version
-            self._cv.notify_all()
+            self.thread.loaded(update)
         log.debug("weights v%d on the engine in %.2f s", version, time.perf_counter() - t0)
 
     def _stale_reset(self, group: list[Sample]) -> list[Sample]:
@@ -426,97 +393,69 @@ class RolloutFunctionProducer(BatchSource):
 
     def __init__(self, rollout, max_staleness: int, version: int = 0):
         self.rollout, self.max_staleness = rollout, max_staleness
-        self._cv = threading.Condition()
-        self._ready: dict[int, RolloutBatch] = {}
+        self.thread = ProducerThread("rlvr-rollout-function", "the rollout function", 600)
+        self._cv = self.thread.cv  # guards the state below and the thread's ready batches
         self._next_id = version  # the next rollout the thread generates
         self.engine_version = version
-        self._pending_weights = None
-        self._busy = False  # a call of the function is running
-        self._closing = False
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._main, name="rlvr-rollout-function", daemon=True)
-        self._thread.start()
+        self.thread.start(self._main)
 
     def next_batch(self, rollout_id: int) -> RolloutBatch:
-        t0 = time.perf_counter()
-        with self._cv:
-            while rollout_id not in self._ready:
-                if self._error is not None:
-                    raise RuntimeError("the rollout function failed") from self._error
-                self._cv.wait(timeout=1.0)
-            batch = self._ready.pop(rollout_id)
-            self._cv.notify_all()
-        batch.metrics["perf/rollout_wait_time"] = time.perf_counter() - t0
+        batch = self.thread.take(rollout_id)
         batch.metrics["rollout/engine_version"] = float(self.engine_version)
         return batch
 
     def update_weights(self, weights, version: int) -> None:
-        snapshot = {k: v.detach().clone() for k, v in weights.items()} if isinstance(weights, Mapping) else weights
-        with self._cv:
-            self._pending_weights = (snapshot, version)
-            self._cv.notify_all()
+        self.thread.push(weights, version)
 
     def wait_for_weights(self) -> None:
-        with self._cv:
-            while self._pending_weights is not None and self._error is None:
-                self._cv.wait(timeout=1.0)
+        self.thread.wait_for_weights()
 
     def pending_groups(self) -> list[list[Sample]]:
         """The groups of batches made but not trained, fresh (taken between two calls)."""
         with self._cv:
-            return self._untrained()
+            return untrained_groups(self.thread.made())
 
     def data_state(self) -> dict:
         """The data source's state with the untrained groups in its buffer (see ``AsyncProducer``),
         taken between two calls of the function, so no group it drew is missed."""
         with self._cv:
-            pending = self._untrained()
+            pending = untrained_groups(self.thread.made())
             state = self.rollout.data_state()
         return with_untrained(state, pending)
 
-    def _untrained(self) -> list[list[Sample]]:
-        """Fresh copies of the ready batches' groups, once no call is running. Holds ``_cv``."""
-        while self._busy and self._error is None:
-            self._cv.wait(timeout=1.0)
-        return untrained_groups(self._ready)
-
     def close(self) -> None:
-        with self._cv:
-            self._closing = True
-            self._cv.notify_all()
-        stop_thread(self._thread, 600, "the rollout function (at the end of the run)")
+        self.thread.close()
 
     def _main(self) -> None:
-        try:
-            while True:
-                with self._cv:
-                    while not (self._closing or self._pending_weights is not None or self._may_start()):
-                        self._cv.wait()
-                    if self._closing:
-                        return
-                    update, self._busy = self._pending_weights, self._pending_weights is None
-                if update is not None:
-                    self.rollout.update_weights(*update)
-                    with self._cv:
-                        if self._pending_weights is update:
-                            self._pending_weights = None
-                        self.engine_version = update[1]
-                        self._cv.notify_all()
-                    continue
-                batch = None
-                try:
-                    batch = self.rollout.generate(self._next_id)
-                finally:  # filed and marked idle at once: data_state never sees it in neither place
-                    with self._cv:
-                        self._busy = False
-                        if batch is not None:
-                            self._ready[self._next_id] = batch
-                            self._next_id += 1
-                        self._cv.notify_all()
-        except BaseException as e:  # contained: the trainer's next_batch raises it
-            log.exception("the rollout function failed")
+        while True:
             with self._cv:
-                self._error = e
+                self._cv.wait_for(lambda: self.thread.closing or self.thread.pending_weights is not None
+                                  or self._may_start())
+                if self.thread.closing:
+                    return
+                update = self.thread.pending_weights
+                self.thread.busy = update is None
+            if update is not None:
+                self._load(update)
+            else:
+                self._generate()
+
+    def _load(self, update: tuple) -> None:
+        self.rollout.update_weights(*update)
+        with self._cv:
+            self.engine_version = update[1]
+            self.thread.loaded(update)
+
+    def _generate(self) -> None:
+        batch = None
+        try:
+            batch = self.rollout.generate(self._next_id)
+        finally:  # filed and marked idle at once: data_state never sees it in neither place
+            with self._cv:
+                self.thread.busy = False
+                if batch is not None:
+                    self.thread.ready[self._next_id] = batch
+                    self._next_id += 1
                 self._cv.notify_all()
 
     def _may_start(self) -> bool:
