@@ -67,7 +67,8 @@ class AgentConfig:
             raise ConfigError("--environment", f"{self.environment!r} is not one of the forms verifiers:TASKSET_ID, "
                                                "openenv:http://127.0.0.1:PORT, openenv:module:Class")
         if len(given) > 1 and self.environment is not None:
-            raise ConfigError("--environment", f"runs its own multi-turn loop; drop {given[0] if given[0] != '--environment' else given[1]}")
+            other = next(f for f in given if f != "--environment")
+            raise ConfigError("--environment", f"runs its own multi-turn loop; drop {other}")
         if len(given) > 1 and self.custom_generate_function_path is not None:
             raise ConfigError(given[1], "is run by the built-in multi-turn loop, which --custom-generate-function-path "
                                         "replaces; use one of them")
