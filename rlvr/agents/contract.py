@@ -71,6 +71,8 @@ def hook_name(agent_cfg) -> str:
         return f"--custom-generate-function-path {a.custom_generate_function_path}"
     if a.tools:
         return f"the --tools loop ({a.tools})"
+    if a.environment:
+        return f"--environment {a.environment}"
     return f"the --environment-path loop ({a.environment_path})"
 
 

@@ -28,12 +28,20 @@ class Environment(Protocol):
 
 async def generate_with_environment(args, sample: Sample, sampling_params: dict) -> Sample:
     """``--environment-path``'s loop (module docstring); its settings are the agent's group, ``args`` is unused."""
-    from rlvr.agents.agent_context import call_maybe_async, context
+    from rlvr.agents.agent_context import context
     from rlvr.core.registry import load_function
+
+    env = load_function(context().agent.config.environment_path, "--environment-path")()
+    return await run_environment(env, sample, sampling_params)
+
+
+async def run_environment(env: Environment, sample: Sample, sampling_params: dict) -> Sample:
+    """Alternate model turns and ``env``'s observations on ``sample`` (module docstring), inside a
+    generate function (``rlvr.agents.context()``)."""
+    from rlvr.agents.agent_context import call_maybe_async, context
 
     ctx = context()
     a = ctx.agent.config
-    env = load_function(a.environment_path, "--environment-path")()
     messages = await call_maybe_async(env.reset, sample)
     if messages is not None:
         sample.prompt, sample.prompt_ids = ctx.turns.prompt_ids(messages)

@@ -94,7 +94,7 @@ class Agent:
         self.turns, self.tools, self.tool_processes = None, {}, None
         self.failures = FailureLog(hook_name(a), failure_value) if a.per_sample else None
         self._proxy_lock, self._open_sessions = threading.Lock(), {}
-        if a.tools or a.environment_path or chat_template is not None:
+        if a.tools or a.environment_path or a.environment or chat_template is not None:
             from rlvr.agents.turns import ChatTurns
 
             schemas = None  # what the chat template renders; ``tools`` stays the callables given
@@ -124,6 +124,10 @@ class Agent:
             from rlvr.agents.environment import generate_with_environment
 
             self.generate_fn = generate_with_environment
+        elif a.environment:
+            from rlvr.environments import generate_function
+
+            self.generate_fn = generate_function(a.environment)
 
     def close(self) -> None:
         """Stop what the agent started: the ``--tool-executor process`` workers."""

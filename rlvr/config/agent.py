@@ -9,6 +9,8 @@ from rlvr.core.registry import load_function
 from rlvr.config.fields import check_bounds
 from rlvr.config.fields import option as _f
 
+ENVIRONMENT_KINDS = ("verifiers:", "openenv:")  # --environment's forms (rlvr.environments.KINDS)
+
 
 @dataclass
 class AgentConfig:
@@ -29,6 +31,13 @@ class AgentConfig:
         None, "pkg.module:factory() -> an environment with reset(sample) -> messages and step(response) -> "
               "(observation, reward, done), run by the built-in multi-turn loop"
     )
+    environment: str | None = _f(
+        None, "an environment from another package: verifiers:TASKSET_ID (a verifiers taskset: its episodes and "
+              "rubric; prompts from python -m rlvr.environments.verifiers), openenv:http://127.0.0.1:PORT (a running "
+              "OpenEnv server) or openenv:module:Class (an OpenEnv Environment rlvr serves); docs/environments.md"
+    )
+    environment_timeout: float = _f(60.0, "seconds an --environment openenv: server may take to answer a reset or "
+                                          "step before the sample fails", gt=0)
     max_turns: int | None = _f(None, "model turns per sample in the built-in --tools / --environment-path loop "
                                      "(default 4); a custom generate function reads it as args.agent.max_turns", ge=1)
     tool_timeout: float | None = _f(None, "seconds a --tools call may take before it is an error observation "
@@ -52,10 +61,19 @@ class AgentConfig:
             if value is not None:
                 load_function(value, flag)  # a ConfigError naming the flag when it cannot be imported
         given = [f for f, v in (("--custom-generate-function-path", self.custom_generate_function_path),
-                                ("--tools", self.tools), ("--environment-path", self.environment_path)) if v]
+                                ("--tools", self.tools), ("--environment-path", self.environment_path),
+                                ("--environment", self.environment)) if v]
+        if self.environment is not None and not self.environment.startswith(ENVIRONMENT_KINDS):
+            raise ConfigError("--environment", f"{self.environment!r} is not one of the forms verifiers:TASKSET_ID, "
+                                               "openenv:http://127.0.0.1:PORT, openenv:module:Class")
+        if len(given) > 1 and self.environment is not None:
+            other = next(f for f in given if f != "--environment")
+            raise ConfigError("--environment", f"runs its own multi-turn loop; drop {other}")
         if len(given) > 1 and self.custom_generate_function_path is not None:
             raise ConfigError(given[1], "is run by the built-in multi-turn loop, which --custom-generate-function-path "
                                         "replaces; use one of them")
+        if self.environment_timeout != 60.0 and not (self.environment or "").startswith("openenv:"):
+            raise ConfigError("--environment-timeout", "applies to --environment openenv:...; drop it")
         if self.tools and self.environment_path:
             raise ConfigError("--environment-path", "and --tools are two built-in loops; give one of them")
         if self.max_turns is not None and not given:
@@ -80,4 +98,4 @@ class AgentConfig:
     @property
     def per_sample(self) -> bool:
         """A per-sample generate function replaces the engine call (custom or built-in loop)."""
-        return bool(self.custom_generate_function_path or self.tools or self.environment_path)
+        return bool(self.custom_generate_function_path or self.tools or self.environment_path or self.environment)

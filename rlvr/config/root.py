@@ -125,8 +125,9 @@ class Config:
         if self.cluster.colocate:
             self._validate_colocate()
         self._validate_engine_kind()
-        if (self.agent.tools or self.agent.environment_path) and not self.data.apply_chat_template:
-            raise ConfigError("--tools" if self.agent.tools else "--environment-path",
+        if (self.agent.tools or self.agent.environment_path or self.agent.environment) and not self.data.apply_chat_template:
+            raise ConfigError("--tools" if self.agent.tools else "--environment-path" if self.agent.environment_path
+                              else "--environment",
                               "multi-turn chat needs --apply-chat-template (turns follow the chat template)")
         if self.agent.rollout_function_path and self.agent.per_sample:
             raise ConfigError("--rollout-function-path", "replaces the whole rollout, so it cannot be combined with "
