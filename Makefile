@@ -16,23 +16,7 @@ PIP     = $(PY) -m pip
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 
-# make # make envs: verifiers and openenv-core in a venv of their own: verifiers 0.4 pins openai<3 and
-# mcp==2.0.0 (the dev venv resolves openai 3.x), and both pull ~150 MB (gradio, fastmcp, prime-*)
-# that --environment alone needs. torch first, as above. Pure-Python wheels: any platform.
-ENVS_VENV ?= .venv-envs
-EPY        = $(ENVS_VENV)/bin/python
-
-$(ENVS_VENV)/.envs:
-	$(PYTHON) -m venv $(ENVS_VENV)
-	$(EPY) -m pip install -q --upgrade pip
-	$(EPY) -m pip install -q $(TORCH_INDEX) "$(TORCH_SPEC)"
-	$(EPY) -m pip install -q -e ".[envs,envs-test]"
-	$(EPY) -c "import verifiers.v1, openenv.core, rlvr.environments.verifiers, rlvr.environments.openenv"
-	touch $@
-
-envs: $(ENVS_VENV)/.envs
-
-gpu-wheels: the wheels the GPU machine lacks (it has torch, transformers, peft, pytest, ...,
+# make gpu-wheels: the wheels the GPU machine lacks (it has torch, transformers, peft, pytest, ...,
 # and sympy with torch, but no network; see scripts/gpu_check.py): math-verify and its parser
 # dependencies, all pure Python, pinned to what this project is tested with. Install them there
 # with: pip install --no-index --find-links .gpu-wheels math-verify
@@ -96,8 +80,10 @@ demo: setup smollm2
 # CPU in ~280 s), then the vLLM tests run in it; a failed build fails the target with its log.
 VLLM_LOG = .cache/vllm-build.log
 ENVS_LOG = .cache/envs-build.log
+ENVS_TESTS_LOG = .cache/envs-tests.log
 
-# make envs builds while the main suite runs too (~130 s, mostly waiting on disk); its tests run after.
+# make envs builds while the main suite runs too (~130 s, mostly waiting on disk); its tests then run beside
+# the vLLM tests (each on one thread: the two suites share the two cores instead of queueing).
 test: setup-dev smollm2
 	$(PY) -m ruff check .
 	@mkdir -p .cache; ( t0=$$(date +%s); $(MAKE) --no-print-directory vllm; rc=$$?; \
@@ -108,8 +94,10 @@ test: setup-dev smollm2
 	  wait $$build || { cat $(VLLM_LOG); echo "make test: make vllm failed (log above)"; exit 1; }; \
 	  wait $$envs || { cat $(ENVS_LOG); echo "make test: make envs failed (log above)"; exit 1; }; \
 	  cat $(VLLM_LOG) $(ENVS_LOG); [ $$rc -eq 0 ] || exit $$rc
-	OMP_NUM_THREADS=1 $(if $(VLLM_OK),$(VPY),$(PY)) -m pytest -q --durations=10 tests/test_vllm*.py
-	$(EPY) -m pytest -q --durations=10 tests/test_environments_*.py
+	@OMP_NUM_THREADS=1 $(EPY) -m pytest -q --durations=10 tests/test_environments_*.py > $(ENVS_TESTS_LOG) 2>&1 & envs=$$!; \
+	  OMP_NUM_THREADS=1 $(if $(VLLM_OK),$(VPY),$(PY)) -m pytest -q --durations=10 tests/test_vllm*.py; rc=$$?; \
+	  wait $$envs; erc=$$?; echo "tests/test_environments_*.py in $(ENVS_VENV) (run beside the vLLM tests):"; \
+	  cat $(ENVS_TESTS_LOG); [ $$rc -eq 0 ] && [ $$erc -eq 0 ]
 
 ifeq ($(VLLM_OK),yes)
 $(VLLM_VENV)/.vllm:
