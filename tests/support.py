@@ -203,6 +203,39 @@ def served(ckpt):
         stop_server(proc)
 
 
+@contextlib.contextmanager
+def vllm_server(model: Path, log_path: Path, max_lora_rank: int = 8):
+    """A real vLLM OpenAI API server (dev mode, LoRA enabled, float32, one thread) of ``model`` on a
+    free port for the ``with`` block: its ``host:port``. Fails the test with its log if it does not come up."""
+    import pytest
+
+    from rlvr.engine.remote.sglang_http import health
+
+    port = free_port()
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",
+           "--port", str(port), "--dtype", "float32", "--enforce-eager", "--block-size", "32", "--max-num-seqs", "16",
+           "--logprobs-mode", "processed_logprobs", "--kv-cache-memory-bytes", str(512 << 20),
+           "--enable-lora", "--max-lora-rank", str(max_lora_rank)]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while not health(url, 2.0):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"vLLM server did not come up: {log_path.read_text()[-3000:]}")
+        time.sleep(0.5)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def post(port: int, route: str, payload: dict, timeout: float = 120) -> tuple[int, dict]:
     req = urllib.request.Request(f"http://127.0.0.1:{port}{route}", data=json.dumps(payload).encode(),
                                  headers={"Content-Type": "application/json"})

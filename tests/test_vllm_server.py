@@ -10,9 +10,6 @@ installed. Cost: one server start (~50 s multi-process) and a few requests.
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -22,8 +19,7 @@ import pytest
 import torch
 
 from rlvr.engine.base import GenerateRequest, SamplingParams
-from rlvr.engine.remote.sglang_http import health
-from tests.support import chat_prompt_ids, free_port, hf_log_probs, lora_policy, randomize_adapters
+from tests.support import chat_prompt_ids, hf_log_probs, lora_policy, randomize_adapters, vllm_server
 
 pytest.importorskip("vllm", reason="vLLM is not installed in this environment; `make vllm` builds .venv-vllm and "
                                    "`make test` runs tests/test_vllm*.py there")
@@ -35,28 +31,8 @@ EOS = 2
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("vllm") / "server.log"
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(SMOLLM2), "--host", "127.0.0.1",
-           "--port", str(port), "--dtype", "float32", "--enforce-eager", "--block-size", "32", "--max-num-seqs", "16",
-           "--logprobs-mode", "processed_logprobs", "--kv-cache-memory-bytes", str(512 << 20),
-           "--enable-lora", "--max-lora-rank", "8"]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while not health(url, 2.0):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"vLLM server did not come up: {log_path.read_text()[-3000:]}")
-        time.sleep(0.5)
-    yield f"127.0.0.1:{port}"
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    with vllm_server(SMOLLM2, tmp_path_factory.mktemp("vllm") / "server.log") as addr:
+        yield addr
 
 
 @pytest.fixture(scope="module")

@@ -62,6 +62,15 @@ class EngineConfig:
     rollout_max_engine_restarts: int = _f(3, "--use-fault-tolerance: an engine restarted this many times is removed (the run "
                                              "goes on with the others)", ge=0)
 
+    policy_freshness_check: str = _f(
+        "stop", "after every weight push, the engine samples a fixed probe and its log-probs are compared with the "
+                "trainer's (rlvr.runtime.freshness): stop stops the run on a push that changed nothing, a version that "
+                "did not advance or a gap over --policy-freshness-max-gap; warn logs and counts it; off skips the probe",
+        ["stop", "warn", "off"])
+    policy_freshness_max_gap: float = _f(0.1, "the largest mean |engine - trainer| log-prob over the probe's tokens a "
+                                              "healthy push may show (fp32 on CPU shows ~1e-6)", gt=0)
+    policy_freshness_probe_tokens: int = _f(8, "tokens the engine samples for each of the probe's prompts", ge=1)
+
     def validate(self) -> None:
         check_bounds(self)  # the ranges declared on the fields
         for addr in self.rollout_external_engine_addrs:

@@ -59,6 +59,9 @@ class RolloutManager:
     def evaluate(self, name: str, records: list[PromptRecord], cfg: EvalConfig) -> dict[str, float]:
         return self.rollout.evaluate(name, records, cfg)
 
+    def probe(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, seed: int) -> list:
+        return self.rollout.probe(prompts, max_new_tokens, temperature, seed)
+
     def update_weights(self, refs: list, version: int) -> list[str | None]:
         """``refs`` = [weights ref, checksum ref or None] (wrapped in a list so that Ray hands the
         refs over instead of fetching the weights into this actor)."""
@@ -163,6 +166,9 @@ class RayRollout:
 
     def evaluate(self, name: str, records: list[PromptRecord], cfg: EvalConfig) -> dict[str, float]:
         return get_one(self.manager.evaluate.remote(name, records, cfg))
+
+    def probe(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, seed: int) -> list:
+        return get_one(self.manager.probe.remote(prompts, max_new_tokens, temperature, seed))
 
     def update_weights(self, weights: WeightsRef, version: int) -> None:
         if weights.broadcast:  # rank 0 is sending (weights.checksum is its call): the engines receive now

@@ -88,6 +88,9 @@ class TrainWorker:
         metrics = self.trainer.train(rollout_id, samples)
         return metrics, list(self.trainer.guard.streak), self.trainer.step
 
+    def probe_log_probs(self, sequences: list) -> list[list[float]]:
+        return self.trainer.probe_log_probs(sequences)
+
     def join_broadcast(self, host: str, port: int, world_size: int) -> list | None:
         """``--weight-sync broadcast``: rank 0 joins (hosts) the group with the engines and returns
         the specs of what it will send; the other ranks only take part in FSDP2's gather."""
@@ -173,6 +176,10 @@ class RayTrainer:
         calls = [w.weights.options(num_returns=2).remote(check) for w in self.workers]
         weights, digest = calls[0]
         return WeightsRef(weights, digest if check else None, others=[c[0] for c in calls[1:]])
+
+    def probe_log_probs(self, sequences: list) -> list[list[float]]:
+        """Every rank runs the forward (FSDP2 gathers its shards collectively); rank 0's answer."""
+        return get_all([w.probe_log_probs.remote(sequences) for w in self.workers])[0]
 
     def join_broadcast(self, host: str, port: int, world_size: int) -> list:
         """Calls (not yet awaited: the engines join at the same time) of every rank's ``join_broadcast``."""

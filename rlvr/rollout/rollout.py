@@ -214,6 +214,14 @@ class Rollout:
     def update_weights(self, named_tensors, version: int) -> None:
         self.engine.update_weights(named_tensors, version)
 
+    def probe(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, seed: int) -> list[GenerateResult]:
+        """The engine's answers to the policy-freshness probe (``rlvr.runtime.freshness``): each prompt
+        sampled ``max_new_tokens`` tokens at ``temperature`` with seed ``seed + i``, no stop token."""
+        requests = [GenerateRequest(list(p), SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens,
+                                                            seed=seed + i), rid=f"freshness-probe-{i}")
+                    for i, p in enumerate(prompts)]
+        return asyncio.run(self.engine.generate(requests))
+
     # ---- internals -------------------------------------------------------------------------
     def _encode(self, record: PromptRecord) -> tuple[str, list[int]]:
         key = repr(record.prompt)

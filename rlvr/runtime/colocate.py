@@ -63,6 +63,9 @@ class Colocated:
     def check_bad_steps(self, skipped_path) -> None:
         self.trainer.check_bad_steps(skipped_path)
 
+    def probe_log_probs(self, sequences) -> list[list[float]]:
+        return self.trainer.probe_log_probs(sequences)
+
     def train(self, rollout_id: int, samples) -> dict[str, float]:
         rollout_peak = peak_memory_gb(self.device)  # the rollout phase that produced ``samples``
         self.engine.sleep()

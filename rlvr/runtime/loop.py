@@ -31,6 +31,7 @@ from pathlib import Path
 import yaml
 
 from rlvr.runtime.build import Components, build_local
+from rlvr.runtime.freshness import FreshnessGuard, freshness_guard
 from rlvr.runtime.checkpoint import capture_rng, find_checkpoint, read_run_state, restore_rng, save_checkpoint
 from rlvr.config import Config
 from rlvr.core.errors import DataError
@@ -61,7 +62,8 @@ def run(cfg: Config, console: bool = True) -> Path:
             open_logger(cfg.run, run_dir, resume, cfg.to_dict()) as logger,
             ConsoleProgress(cfg.run.num_rollout, start=start, enabled=console) as progress,
         ):
-            r = Step(cfg, c, source, logger, run_dir)
+            r = Step(cfg, c, source, logger, run_dir, freshness_guard(cfg, c.tokenizer))
+            r.check_freshness(start)  # the engine starts on the trainer's policy (a --load, an adapter)
             if c.eval_sets and not cfg.eval.skip_eval_before_train and start == 0:
                 r.evaluate(0)
             for rollout_id in range(start, cfg.run.num_rollout):
@@ -94,6 +96,7 @@ class Step:
     source: BatchSource  # SyncBatches / AsyncProducer / RolloutFunctionProducer / RayAsyncSource
     logger: MetricsLogger
     run_dir: Path
+    guard: FreshnessGuard  # the policy-freshness probe after pushes (rlvr.runtime.freshness)
 
     def rollout(self, rollout_id: int) -> dict[str, float]:
         """Rollout ``rollout_id`` end to end; returns what the console shows."""
@@ -110,6 +113,8 @@ class Step:
             if train and done % cfg.asynchronous.update_weights_interval:  # eval sees the trainer's weights
                 self.source.update_weights(self.c.trainer.weights(), version=done)
             self.source.wait_for_weights()
+            if train and not isinstance(self.source, SyncBatches):  # the push is loaded now
+                perf |= self.check_freshness(done)
             eval_metrics = self.evaluate(done)
             perf["perf/eval_time"] = eval_metrics.pop("perf/eval_time")
         perf["perf/step_time"] = time.perf_counter() - t0
@@ -132,12 +137,18 @@ class Step:
             t0 = time.perf_counter()
             self.source.update_weights(trainer.weights(), version=rollout_id + 1)
             perf["perf/update_weights_time"] = time.perf_counter() - t0
+            if isinstance(self.source, SyncBatches):  # the engine holds the push now
+                perf |= self.check_freshness(rollout_id + 1)
         # perf/* go with the rollout record, so the time split of a rollout is one record; so do the
         # trainer's rollout/* (slime's per-rollout means of log-probs, advantages, ...: rollout/step).
         perf |= {k: v for k, v in metrics.items() if k.startswith(("perf/", "rollout/"))}
         self.logger.log({k: v for k, v in metrics.items() if not k.startswith(("perf/", "rollout/"))}, "train/step",
                         trainer.step)
         return metrics, perf
+
+    def check_freshness(self, version: int) -> dict[str, float]:
+        """The freshness guard's probe of the engine just given ``version`` (nothing when it is off)."""
+        return self.guard.check(self.c.rollout, self.c.trainer, version) if self.guard.enabled else {}
 
     def evaluate(self, step: int) -> dict[str, float]:
         """Log ``eval/*`` at ``eval/step``; return them with ``perf/eval_time`` (a rollout-record key)."""

@@ -44,6 +44,9 @@ class RolloutRole(Protocol):
     def health(self) -> list[bool]:
         """One entry per engine: up or not."""
 
+    def probe(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, seed: int) -> list:
+        """The engines' answers (``GenerateResult``) to the policy-freshness probe (``rlvr.runtime.freshness``)."""
+
 
 @runtime_checkable
 class TrainerRole(Protocol):
@@ -67,3 +70,6 @@ class TrainerRole(Protocol):
     def check_bad_steps(self, skipped_path: Callable[[int], str]) -> None:
         """Stop the run (``TrainingStopped``) after too many skipped steps in a row
         (``--max-consecutive-skipped-steps``); ``skipped_path(rollout_id)`` names the kept batch."""
+
+    def probe_log_probs(self, sequences: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        """The policy's log-probs of each ``(prompt, response)``'s response tokens (the freshness probe)."""

@@ -1,0 +1,153 @@
+"""The policy-freshness guard: after a weight push, proof that the engine samples the policy being trained.
+
+An engine whose weight or adapter sync silently does nothing goes on sampling the old policy (or
+the bare base model), and the run only looks slow to learn. After each push the driver has the
+engine sample a fixed probe (``PROBE_TEXTS``, ``--policy-freshness-probe-tokens`` new tokens each, at
+the rollout temperature, every prompt with a fixed seed of its own, so no engine stream is drawn
+from) and the trainer score the tokens the engine sampled. Three checks, any of which fails the push:
+
+- **version**: every probe answer carries the version just pushed;
+- **gap**: the mean ``|engine - trainer|`` log-prob over the probe's tokens is at most
+  ``--policy-freshness-max-gap`` (an engine holding other weights samples from another distribution);
+- **change**: where the engine sampled the same probe tokens as at the previous check, the trainer's
+  log-probs of them changed and the engine's did not (bit for bit): the push changed nothing, even
+  if the update was too small for the gap to show it.
+
+A failed push stops the run (``PolicyStale``, naming the engine kind, its weight route and, with
+LoRA, its adapter route) or, with ``--policy-freshness-check warn``, is logged and counted. The
+guard's metrics go in the record of the rollout whose push was probed: ``rollout/policy_version_lag``
+(the version pushed minus the version the engine reported), ``rollout/policy_freshness_gap`` and
+``..._gap_max`` (mean and largest token gap), ``rollout/policy_freshness_failures`` (pushes failed
+so far) and ``perf/policy_freshness_time``.
+
+Where weights reach the engine at once (the synchronous loop, ``SyncBatches``) every push is
+probed; the ``--async`` and pipelined producers load a push at their next batch boundary, so there
+the probe runs where the driver already waits for the weights: before every evaluation.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from dataclasses import dataclass
+
+from rlvr.config.engine_kinds import KINDS, EngineKind
+from rlvr.core.errors import TrainingStopped
+
+log = logging.getLogger(__name__)
+
+# Three short texts every tokenizer encodes (the tiny models' byte-level ones included).
+PROBE_TEXTS = ("Question: what is 2 + 3?\nAnswer:", "The quick brown fox", "def add(a, b):\n    return")
+PROBE_SEED = 20_240_611  # the probe's prompt i samples with seed PROBE_SEED + i
+
+
+class PolicyStale(TrainingStopped):
+    """A weight push the engine did not take (the message says which check failed and where)."""
+
+
+@dataclass
+class ProbeAnswer:
+    """One probe prompt as the engine answered it, and the trainer's log-probs of its tokens."""
+
+    token_ids: list[int]
+    engine: list[float]
+    trainer: list[float]
+    version: int
+
+
+def token_gaps(answers: list[ProbeAnswer]) -> list[float]:
+    """``|engine - trainer|`` of every probe token.
+
+    >>> token_gaps([ProbeAnswer([5, 6], [-1.0, -2.0], [-1.5, -2.0], 3)])
+    [0.5, 0.0]
+    """
+    return [abs(e - t) for a in answers for e, t in zip(a.engine, a.trainer)]
+
+
+def unchanged_push(answers: list[ProbeAnswer], previous: list[ProbeAnswer] | None) -> bool:
+    """Whether the engine answered every probe prompt exactly as at the previous check (same tokens,
+    same log-probs) while the trainer's log-probs of those tokens moved: a push that changed nothing.
+
+    >>> old = [ProbeAnswer([5], [-1.0], [-1.0], 1)]
+    >>> unchanged_push([ProbeAnswer([5], [-1.0], [-0.9], 2)], old), unchanged_push([ProbeAnswer([5], [-0.9], [-0.9], 2)], old)
+    (True, False)
+    """
+    if previous is None or len(previous) != len(answers):
+        return False
+    same_tokens = all(a.token_ids == p.token_ids for a, p in zip(answers, previous))
+    engine_same = same_tokens and all(a.engine == p.engine for a, p in zip(answers, previous))
+    return engine_same and any(a.trainer != p.trainer for a, p in zip(answers, previous))
+
+
+class FreshnessGuard:
+    """The checks of the module docstring, run by the driver after a push (``check``)."""
+
+    def __init__(self, mode: str, max_gap: float, probe_tokens: int, temperature: float, prompts: list[list[int]],
+                 kind: EngineKind, lora: bool):
+        self.mode, self.max_gap, self.probe_tokens, self.temperature = mode, max_gap, probe_tokens, temperature
+        self.prompts = prompts
+        t = KINDS[kind]
+        self.where = f"the {kind.value} engine ({t.what}; weights by {t.weight_route}" + (
+            f", LoRA adapters by {t.lora_route})" if lora else ")")
+        self.previous: list[ProbeAnswer] | None = None
+        self.engine_version: int | None = None  # the version the engine reported at the last probe
+        self.failures = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+    def check(self, rollout, trainer, version: int) -> dict[str, float]:
+        """Probe the engine behind ``rollout`` (just pushed ``version``) against ``trainer``;
+        returns the guard's metrics, raises ``PolicyStale`` on a failed push in ``stop`` mode."""
+        t0 = time.perf_counter()
+        answers = self.probe(rollout, trainer)
+        problems = self.problems(answers, version)
+        self.previous, self.engine_version = answers, min(a.version for a in answers)
+        gaps = token_gaps(answers)
+        metrics = {"rollout/policy_version_lag": float(version - self.engine_version),
+                   "rollout/policy_freshness_gap": statistics.fmean(gaps) if gaps else 0.0,
+                   "rollout/policy_freshness_gap_max": max(gaps, default=0.0)}
+        if problems:
+            message = f"weight push {version} to {self.where}: " + "; ".join(problems)
+            if self.mode == "stop":
+                raise PolicyStale(message + " (--policy-freshness-check warn only logs this)")
+            self.failures += 1
+            log.warning("%s", message)
+        return metrics | {"rollout/policy_freshness_failures": float(self.failures),
+                          "perf/policy_freshness_time": time.perf_counter() - t0}
+
+    def probe(self, rollout, trainer) -> list[ProbeAnswer]:
+        results = rollout.probe(self.prompts, self.probe_tokens, self.temperature, PROBE_SEED)
+        for r in results:
+            if r.finish_reason == "error":
+                raise PolicyStale(f"the freshness probe failed on {self.where}: {r.meta.get('error')}")
+        scored = trainer.probe_log_probs([(p, r.token_ids) for p, r in zip(self.prompts, results)])
+        return [ProbeAnswer(list(r.token_ids), list(r.log_probs), lp, r.weight_version)
+                for r, lp in zip(results, scored)]
+
+    def problems(self, answers: list[ProbeAnswer], version: int) -> list[str]:
+        out = []
+        versions = sorted({a.version for a in answers})
+        if versions != [version]:
+            out.append(f"the engine answered the probe at weight version(s) {versions}, not {version}")
+        gaps = token_gaps(answers)
+        if gaps and statistics.fmean(gaps) > self.max_gap:
+            out.append(f"its log-probs differ from the trainer's by {statistics.fmean(gaps):.3g} per probe token "
+                       f"(max {max(gaps):.3g}; --policy-freshness-max-gap {self.max_gap:g})")
+        if unchanged_push(answers, self.previous):
+            out.append("the push changed nothing: the engine answered the probe bit for bit as before the push while "
+                       "the trainer's log-probs of the same tokens moved")
+        return out
+
+
+def freshness_guard(cfg, tokenizer) -> FreshnessGuard:
+    """The guard a ``Config`` asks for (its ``engine`` group's ``--policy-freshness-*``), the probe's
+    texts encoded with the run's tokenizer."""
+    from rlvr.train import lora
+
+    e = cfg.engine
+    prompts = [list(tokenizer.encode(text)) for text in PROBE_TEXTS]
+    return FreshnessGuard(e.policy_freshness_check, e.policy_freshness_max_gap, e.policy_freshness_probe_tokens,
+                          cfg.rollout.rollout_temperature, prompts, cfg.engine_kind, lora.enabled(cfg.train))
