@@ -9,9 +9,10 @@ from) and the trainer score the tokens the engine sampled. Three checks, any of 
 - **version**: every probe answer carries the version just pushed;
 - **gap**: the mean ``|engine - trainer|`` log-prob over the probe's tokens is at most
   ``--policy-freshness-max-gap`` (an engine holding other weights samples from another distribution);
-- **change**: where the engine sampled the same probe tokens as at the previous check, the trainer's
-  log-probs of them changed and the engine's did not (bit for bit): the push changed nothing, even
-  if the update was too small for the gap to show it.
+- **change**: where the engine sampled the same probe tokens as at the previous check and the
+  trainer's log-probs of them moved by more than ten times the previous gap, the engine's log-probs
+  must be nearer the trainer's new ones than its old ones; otherwise the push changed nothing, even
+  if the update was too small for the gap check to show it.
 
 A failed push stops the run (``PolicyStale``, naming the engine kind, its weight route and, with
 LoRA, its adapter route) or, with ``--policy-freshness-check warn``, is logged and counted. The
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 # Three short texts every tokenizer encodes (the tiny models' byte-level ones included).
 PROBE_TEXTS = ("Question: what is 2 + 3?\nAnswer:", "The quick brown fox", "def add(a, b):\n    return")
 PROBE_SEED = 20_240_611  # the probe's prompt i samples with seed PROBE_SEED + i
+NOISE_FLOOR = 1e-7  # float32 rounding of a log-prob: the least gap taken as the engines' noise
 
 
 class PolicyStale(TrainingStopped):
@@ -65,19 +67,32 @@ def token_gaps(answers: list[ProbeAnswer]) -> list[float]:
     return [abs(e - t) for a in answers for e, t in zip(a.engine, a.trainer)]
 
 
-def unchanged_push(answers: list[ProbeAnswer], previous: list[ProbeAnswer] | None) -> bool:
-    """Whether the engine answered every probe prompt exactly as at the previous check (same tokens,
-    same log-probs) while the trainer's log-probs of those tokens moved: a push that changed nothing.
+def stale_push(answers: list[ProbeAnswer], previous: list[ProbeAnswer] | None, noise: float) -> str | None:
+    """Why the engine still holds the policy of the previous check, or None. Over the probe prompts
+    the engine answered with the same tokens both times: when the trainer's log-probs of them moved
+    by more than ten times ``noise`` (the engine-trainer gap of the previous check), the engine's
+    must have followed, i.e. be nearer the trainer's new log-probs than its old ones.
 
-    >>> old = [ProbeAnswer([5], [-1.0], [-1.0], 1)]
-    >>> unchanged_push([ProbeAnswer([5], [-1.0], [-0.9], 2)], old), unchanged_push([ProbeAnswer([5], [-0.9], [-0.9], 2)], old)
-    (True, False)
+    >>> old = [ProbeAnswer([5, 6], [-1.0, -2.0], [-1.0, -2.0], 1)]
+    >>> stale_push([ProbeAnswer([5, 6], [-1.0, -2.0], [-0.8, -2.2], 2)], old, 1e-6) is not None
+    True
+    >>> stale_push([ProbeAnswer([5, 6], [-0.8, -2.2], [-0.8, -2.2], 2)], old, 1e-6) is None
+    True
     """
-    if previous is None or len(previous) != len(answers):
-        return False
-    same_tokens = all(a.token_ids == p.token_ids for a, p in zip(answers, previous))
-    engine_same = same_tokens and all(a.engine == p.engine for a, p in zip(answers, previous))
-    return engine_same and any(a.trainer != p.trainer for a, p in zip(answers, previous))
+    pairs = [(a, p) for a, p in zip(answers, previous or []) if a.token_ids == p.token_ids and a.token_ids]
+    if not pairs:
+        return None
+
+    def mean_gap(xs, ys) -> float:
+        return statistics.fmean(abs(x - y) for x, y in zip(xs, ys))
+
+    engine, now, before = ([x for a, p in pairs for x in pick(a, p)] for pick in
+                           (lambda a, p: a.engine, lambda a, p: a.trainer, lambda a, p: p.trainer))
+    moved, to_now, to_before = mean_gap(now, before), mean_gap(engine, now), mean_gap(engine, before)
+    if moved <= 10 * noise or to_before >= to_now:
+        return None
+    return (f"the push changed nothing: the trainer's log-probs of the probe moved by {moved:.3g} per token since the "
+            f"last check, the engine's stayed {to_before:.3g} from where they were ({to_now:.3g} from the trainer's)")
 
 
 class FreshnessGuard:
@@ -90,8 +105,9 @@ class FreshnessGuard:
         t = KINDS[kind]
         self.where = f"the {kind.value} engine ({t.what}; weights by {t.weight_route}" + (
             f", LoRA adapters by {t.lora_route})" if lora else ")")
-        self.previous: list[ProbeAnswer] | None = None
+        self.previous: list[ProbeAnswer] | None = None  # the answers of the last check that passed
         self.engine_version: int | None = None  # the version the engine reported at the last probe
+        self.noise = NOISE_FLOOR  # the engine-trainer gap of the last probe: how far the two differ when in sync
         self.failures = 0
 
     @property
@@ -104,8 +120,10 @@ class FreshnessGuard:
         t0 = time.perf_counter()
         answers = self.probe(rollout, trainer)
         problems = self.problems(answers, version)
-        self.previous, self.engine_version = answers, min(a.version for a in answers)
+        self.engine_version = min(a.version for a in answers)
         gaps = token_gaps(answers)
+        if not problems:  # the reference for the next check: the last push known to be in sync
+            self.previous, self.noise = answers, max(statistics.fmean(gaps) if gaps else 0.0, NOISE_FLOOR)
         metrics = {"rollout/policy_version_lag": float(version - self.engine_version),
                    "rollout/policy_freshness_gap": statistics.fmean(gaps) if gaps else 0.0,
                    "rollout/policy_freshness_gap_max": max(gaps, default=0.0)}
@@ -136,9 +154,9 @@ class FreshnessGuard:
         if gaps and statistics.fmean(gaps) > self.max_gap:
             out.append(f"its log-probs differ from the trainer's by {statistics.fmean(gaps):.3g} per probe token "
                        f"(max {max(gaps):.3g}; --policy-freshness-max-gap {self.max_gap:g})")
-        if unchanged_push(answers, self.previous):
-            out.append("the push changed nothing: the engine answered the probe bit for bit as before the push while "
-                       "the trainer's log-probs of the same tokens moved")
+        stale = stale_push(answers, self.previous, self.noise)
+        if stale:
+            out.append(stale)
         return out
 
 
