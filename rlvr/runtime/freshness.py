@@ -9,10 +9,10 @@ from) and the trainer score the tokens the engine sampled. Three checks, any of 
 - **version**: every probe answer carries the version just pushed;
 - **gap**: the mean ``|engine - trainer|`` log-prob over the probe's tokens is at most
   ``--policy-freshness-max-gap`` (an engine holding other weights samples from another distribution);
-- **change**: where the engine sampled the same probe tokens as at the previous check and the
-  trainer's log-probs of them moved by more than ten times the previous gap, the engine's log-probs
-  must be nearer the trainer's new ones than its old ones; otherwise the push changed nothing, even
-  if the update was too small for the gap check to show it.
+- **change**: over the probe tokens the engine sampled as at the last good check (each answer's
+  common prefix with the old one), where the trainer's log-probs of them moved by more than ten
+  times that check's gap, the engine's must be nearer the trainer's new ones than its old ones;
+  otherwise the push changed nothing, even if one step was too small for the gap check to show it.
 
 A failed push stops the run (``PolicyStale``, naming the engine kind, its weight route and, with
 LoRA, its adapter route) or, with ``--policy-freshness-check warn``, is logged and counted. The
@@ -67,9 +67,20 @@ def token_gaps(answers: list[ProbeAnswer]) -> list[float]:
     return [abs(e - t) for a in answers for e, t in zip(a.engine, a.trainer)]
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share.
+
+    >>> common_prefix([1, 2, 3], [1, 2, 4, 5])
+    2
+    """
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def stale_push(answers: list[ProbeAnswer], previous: list[ProbeAnswer] | None, noise: float) -> str | None:
-    """Why the engine still holds the policy of the previous check, or None. Over the probe prompts
-    the engine answered with the same tokens both times: when the trainer's log-probs of them moved
+    """Why the engine still holds the policy of the previous check, or None. Over the tokens each
+    probe prompt's two answers share (their common prefix: a seeded sampler need not repeat itself
+    across calls, but a token's log-prob depends only on the tokens before it): when the trainer's
+    log-probs of them moved
     by more than ten times ``noise`` (the engine-trainer gap of the previous check), the engine's
     must have followed, i.e. be nearer the trainer's new log-probs than its old ones.
 
@@ -79,14 +90,15 @@ def stale_push(answers: list[ProbeAnswer], previous: list[ProbeAnswer] | None, n
     >>> stale_push([ProbeAnswer([5, 6], [-0.8, -2.2], [-0.8, -2.2], 2)], old, 1e-6) is None
     True
     """
-    pairs = [(a, p) for a, p in zip(answers, previous or []) if a.token_ids == p.token_ids and a.token_ids]
-    if not pairs:
+    shared = [(a, p, common_prefix(a.token_ids, p.token_ids)) for a, p in zip(answers, previous or [])]
+    shared = [(a, p, k) for a, p, k in shared if k]
+    if not shared:
         return None
 
     def mean_gap(xs, ys) -> float:
         return statistics.fmean(abs(x - y) for x, y in zip(xs, ys))
 
-    engine, now, before = ([x for a, p in pairs for x in pick(a, p)] for pick in
+    engine, now, before = ([x for a, p, k in shared for x in pick(a, p)[:k]] for pick in
                            (lambda a, p: a.engine, lambda a, p: a.trainer, lambda a, p: p.trainer))
     moved, to_now, to_before = mean_gap(now, before), mean_gap(engine, now), mean_gap(engine, before)
     if moved <= 10 * noise or to_before >= to_now:
