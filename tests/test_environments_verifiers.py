@@ -7,6 +7,7 @@ there); skipped in a venv without it."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -82,14 +83,18 @@ def test_multi_turn_taskset_with_a_tool_trains(tiny_qwen2, tmp_path):
     assert all("multiply tool" in s.prompt and s.metadata["tool_errors"] == 0 for s in samples)
 
 
-@pytest.mark.parametrize("right", [True, False])
-def test_a_tool_call_runs_verifiers_tool_and_its_result_is_masked(tiny_qwen2, tmp_path, monkeypatch, right):
+@pytest.mark.parametrize("right, rm_type, reward", [
+    (True, "math", 1.0), (False, "math", 0.0),  # the default: verifiers' score is the reward (math is not called)
+    (True, "environment=0.9,format=0.1", {"score": 0.9, "environment": 1.0, "format": 0.0}),  # one part of rlvr's
+])
+def test_a_tool_call_runs_verifiers_tool_and_its_result_is_masked(tiny_qwen2, tmp_path, monkeypatch, right, rm_type,
+                                                                  reward):
     """The multi-turn tool path, against a scripted engine (the tiny random model writes no tool
     call): the model's first turn is a Hermes tool call, which rlvr's endpoint hands to verifiers'
     chat program as ``tool_calls``; verifiers runs its MCP ``multiply`` tool and sends the result
     back; the model's second turn answers. The sample is model turn, masked tool result, model
     turn, with the engine's exact tokens, and its reward is verifiers' own score (1 for the right
-    product, 0 for a wrong one)."""
+    product, 0 for a wrong one), or with ``--rm-type environment=...`` a part of rlvr's composite."""
     from rlvr.config import Config
     from rlvr.data.dataset import PromptRecord
     from rlvr.environments.verifiers import runner
@@ -108,6 +113,7 @@ def test_a_tool_call_runs_verifiers_tool_and_its_result_is_masked(tiny_qwen2, tm
     cfg = Config()
     cfg.data.apply_chat_template = True
     cfg.agent.environment = "verifiers:vf_calc"
+    cfg.reward = dataclasses.replace(cfg.reward, rm_type=rm_type)
     cfg.rollout.n_samples_per_prompt, cfg.rollout.rollout_max_response_len = 2, 512
     record = PromptRecord(prompt=task.data.prompt, label=None, metadata={"verifiers_task": 0, "source_name": "vf_calc"},
                           index=0)
@@ -134,6 +140,7 @@ def test_a_tool_call_runs_verifiers_tool_and_its_result_is_masked(tiny_qwen2, tm
         assert s.metadata["openai_calls"] == 2
         assert (s.metadata["tool_calls"], s.metadata["tool_errors"], s.metadata["tool_counts"]) == (1, 0, {"multiply": 1})
         # verifiers' rubric scored the answer: its reward is the sample's
-        assert s.metadata["verifiers_rewards"] == {"correct": float(right)} and s.reward == float(right)
+        assert s.metadata["verifiers_rewards"] == {"correct": float(right)} and s.reward == reward
+        assert s.metadata["environment_reward"] == float(right) and "reward_error" not in s.metadata
         # the second call continued from the first call's exact ids plus the tool result's
         assert s.prompt_ids + s.response_ids[:m2] in engine.prompts
