@@ -350,7 +350,9 @@ class ScriptedEngine(Engine):
         pass
 
 
-def agent_rollout(tiny_qwen2, script, tools="tests.test_agent_tools:TOOLS", **agent_kw):
+def agent_rollout(tiny_qwen2, script, tools="tests.test_agent_tools:TOOLS", rm_type: str = "math", **agent_kw):
+    import dataclasses
+
     from rlvr.config import Config
     from rlvr.data.dataset import PromptRecord
     from rlvr.runtime.build import load_tokenizer, make_rollout
@@ -363,6 +365,7 @@ def agent_rollout(tiny_qwen2, script, tools="tests.test_agent_tools:TOOLS", **ag
     for k, v in agent_kw.items():
         setattr(cfg.agent, k, v)
     cfg.rollout.n_samples_per_prompt, cfg.rollout.rollout_max_response_len = 2, 2000
+    cfg.reward = dataclasses.replace(cfg.reward, rm_type=rm_type)
     records = [PromptRecord(prompt="What is 12*34?", label="408", metadata={}, index=0)]
     rollout = make_rollout(cfg, engine, tok, records)  # as a run builds it: prompts rendered with the tools
     return rollout, engine, tok

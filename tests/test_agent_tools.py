@@ -159,6 +159,33 @@ def test_environment_protocol(tiny_qwen2):
         assert s.prompt == "<|im_start|>user\nguess<|im_end|>\n<|im_start|>assistant\n"
         assert [t for _, _, t in s.segments()] == [True, False, True, False, True]
         assert s.reward == 1.5 and s.metadata["env_rewards"] == [0.5, 0.5, 0.5] and s.metadata["turns"] == 3
+        assert s.metadata["environment_reward"] == 1.5
+
+
+def test_environment_reward_composes_with_rlvr_rewards(tiny_qwen2):
+    """``--rm-type environment=2,format=0.1``: the environment's reward (1.5) is one part of rlvr's
+    composite, graded with the other parts: 2 * 1.5 + 0.1 * format."""
+    script = ["<think>a</think><answer>7</answer>"]  # format 1 for a one-turn response; 0 for three turns
+    rollout, _, _ = agent_rollout(tiny_qwen2, script, tools=None, environment_path="tests.test_agent_tools:make_env",
+                                  rm_type="environment=2,format=0.1")
+    group = rollout.next_groups(1)[0]
+    asyncio.run(rollout.run_group(group, rollout.sampling_params(), False))
+    for s in group:
+        assert s.metadata["environment_reward"] == 1.5 and "reward_error" not in s.metadata
+        assert s.reward == {"score": 3.0, "environment": 1.5, "format": 0.0}
+    rollout, _, _ = agent_rollout(tiny_qwen2, script, tools=None, environment_path="tests.test_agent_tools:make_env1",
+                                  rm_type="environment=2,format=0.1")
+    group = rollout.next_groups(1)[0]
+    asyncio.run(rollout.run_group(group, rollout.sampling_params(), False))
+    for s in group:  # one turn, in the format: both parts count
+        assert s.reward == {"score": 2 * 0.5 + 0.1, "environment": 0.5, "format": 1.0}
+
+
+def make_env1():
+    """``CountdownEnv`` done after the first reply."""
+    env = CountdownEnv()
+    env.steps = 2
+    return env
 
 
 # ---- a sync tool past --tool-timeout never holds the rollout ------------------------------------

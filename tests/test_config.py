@@ -35,6 +35,14 @@ def test_unknown_rm_type_lists_valid_ones(base):
         parse_config(base + ["--rm-type", "nope"])
 
 
+def test_environment_reward_needs_an_environment(base):
+    with pytest.raises(ConfigError, match=r"--rm-type: 'environment' is the reward an environment gave"):
+        parse_config(base + ["--rm-type", "environment=0.9,format=0.1"])
+    cfg = parse_config(base + ["--rm-type", "environment=0.9,format=0.1", "--apply-chat-template",
+                               "--environment-path", "tests.test_agent_tools:make_env"])
+    assert cfg.reward.rm_type == "environment=0.9,format=0.1"
+
+
 def test_unknown_yaml_field_suggests_the_right_one(base, tmp_path):
     y = tmp_path / "c.yaml"
     y.write_text("rollout-batchsize: 4\n")

@@ -6,6 +6,8 @@ there); skipped in a venv without it."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -77,4 +79,68 @@ def test_multi_turn_taskset_with_a_tool_trains(tiny_qwen2, tmp_path):
     samples = check_samples(out, "vf_calc")
     # verifiers served the tool (MCP, a subprocess importing vf_calc) and every episode finished;
     # the tiny model's chat template renders no tool schemas, so it never calls the tool here
+    # (test_a_tool_call_runs_verifiers_tool_and_its_result_is_masked drives a tool call)
     assert all("multiply tool" in s.prompt and s.metadata["tool_errors"] == 0 for s in samples)
+
+
+@pytest.mark.parametrize("right, rm_type, reward", [
+    (True, "math", 1.0), (False, "math", 0.0),  # the default: verifiers' score is the reward (math is not called)
+    (True, "environment=0.9,format=0.1", {"score": 0.9, "environment": 1.0, "format": 0.0}),  # one part of rlvr's
+])
+def test_a_tool_call_runs_verifiers_tool_and_its_result_is_masked(tiny_qwen2, tmp_path, monkeypatch, right, rm_type,
+                                                                  reward):
+    """The multi-turn tool path, against a scripted engine (the tiny random model writes no tool
+    call): the model's first turn is a Hermes tool call, which rlvr's endpoint hands to verifiers'
+    chat program as ``tool_calls``; verifiers runs its MCP ``multiply`` tool and sends the result
+    back; the model's second turn answers. The sample is model turn, masked tool result, model
+    turn, with the engine's exact tokens, and its reward is verifiers' own score (1 for the right
+    product, 0 for a wrong one), or with ``--rm-type environment=...`` a part of rlvr's composite."""
+    from rlvr.config import Config
+    from rlvr.data.dataset import PromptRecord
+    from rlvr.environments.verifiers import runner
+    from rlvr.runtime.build import load_tokenizer, make_rollout
+    from tests.support import ScriptedEngine
+
+    shutil.copy(EXAMPLES / "vf_calc.py", tmp_path)
+    monkeypatch.chdir(tmp_path)  # verifiers imports the taskset, and its tool server, from here
+    monkeypatch.syspath_prepend(str(tmp_path))
+    task = runner("vf_calc").task(0)
+    a, b = (int(x) for x in task.data.prompt.split("compute ")[1].split(",")[0].split(" * "))
+    call = f'<tool_call>{{"name": "multiply", "arguments": {{"a": {a}, "b": {b}}}}}</tool_call>'
+    answer = f"The result is {a * b if right else a * b + 1}."
+    tok = load_tokenizer(str(tiny_qwen2))
+    engine = ScriptedEngine(tok, [call, answer])
+    cfg = Config()
+    cfg.data.apply_chat_template = True
+    cfg.agent.environment = "verifiers:vf_calc"
+    cfg.reward = dataclasses.replace(cfg.reward, rm_type=rm_type)
+    cfg.rollout.n_samples_per_prompt, cfg.rollout.rollout_max_response_len = 2, 512
+    record = PromptRecord(prompt=task.data.prompt, label=None, metadata={"verifiers_task": 0, "source_name": "vf_calc"},
+                          index=0)
+    rollout = make_rollout(cfg, engine, tok, [record])
+    group = rollout.next_groups(1)[0]
+    asyncio.run(rollout.run_group(group, rollout.sampling_params(), False))
+    call_ids = tok(call, add_special_tokens=False)["input_ids"]
+    answer_ids = tok(answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    for s in group:
+        assert s.status.value == "completed", s.metadata.get("agent_error")
+        s.check()
+        segs = s.segments()
+        assert [t for _, _, t in segs] == [True, False, True]
+        (m1, e1, _), (t0, t1, _), (m2, e2, _) = segs
+        # the model turns are the engine's tokens and log-probs, exactly
+        assert s.response_ids[m1:e1] == call_ids and s.response_ids[m2:e2] == answer_ids
+        assert s.rollout_log_probs[m1:e1] == [-0.5] * len(call_ids)
+        assert s.rollout_log_probs[m2:e2] == [-0.5] * len(answer_ids)
+        # the tool's result, computed by verifiers' MCP server, is an environment segment: masked
+        tool_text = tok.decode(s.response_ids[t0:t1])
+        assert f"<|im_start|>tool\n{a * b}<|im_end|>" in tool_text
+        assert s.loss_mask[t0:t1] == [0] * (t1 - t0) and s.loss_mask[m1:e1] == [1] * (e1 - m1)
+        assert s.loss_mask[m2:e2] == [1] * (e2 - m2)
+        assert s.metadata["openai_calls"] == 2
+        assert (s.metadata["tool_calls"], s.metadata["tool_errors"], s.metadata["tool_counts"]) == (1, 0, {"multiply": 1})
+        # verifiers' rubric scored the answer: its reward is the sample's
+        assert s.metadata["verifiers_rewards"] == {"correct": float(right)} and s.reward == reward
+        assert s.metadata["environment_reward"] == float(right) and "reward_error" not in s.metadata
+        # the second call continued from the first call's exact ids plus the tool result's
+        assert s.prompt_ids + s.response_ids[:m2] in engine.prompts

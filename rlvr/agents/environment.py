@@ -10,7 +10,8 @@ built-in loop (``generate_with_environment``) asks the ``--environment-path`` fa
 environment per sample, then alternates model turns and observations, token-in/token-out
 (``ChatTurns``), for at most ``--max-turns`` model turns within ``--rollout-max-response-len``
 tokens. The sample's reward is the sum of the step rewards (the configured reward function is
-then not called for it). ``metadata["env_rewards"]`` keeps the per-step rewards.
+then not called for it), unless ``--rm-type`` names ``environment``: then the grader composes that
+sum with rlvr's rewards (``record_reward``). ``metadata["env_rewards"]`` keeps the per-step rewards.
 """
 
 from __future__ import annotations
@@ -74,5 +75,18 @@ async def run_environment(env: Environment, sample: Sample, sampling_params: dic
     sample.status = status
     sample.metadata["env_rewards"] = rewards
     if status != Status.ABORTED:
-        sample.reward = sum(rewards)
+        record_reward(sample, sum(rewards))
     return sample
+
+
+def record_reward(sample: Sample, reward: float) -> None:
+    """An environment's reward for its episode, inside a generate function: kept in
+    ``metadata["environment_reward"]`` (what ``--rm-type environment`` reads), and the sample's
+    reward as it is unless the run's reward names ``environment`` -- then the grader scores the
+    sample with the composite (``--rm-type environment=0.9,format=0.1``)."""
+    from rlvr.agents.agent_context import context
+
+    sample.metadata["environment_reward"] = float(reward)
+    rollout = context().rollout
+    if rollout is None or "environment" not in rollout.grader.parts:
+        sample.reward = float(reward)

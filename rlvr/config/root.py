@@ -129,6 +129,12 @@ class Config:
             raise ConfigError("--tools" if self.agent.tools else "--environment-path" if self.agent.environment_path
                               else "--environment",
                               "multi-turn chat needs --apply-chat-template (turns follow the chat template)")
+        a = self.agent
+        if ("environment" in [p.partition("=")[0].strip() for p in self.reward.rm_type.split(",")]
+                and self.reward.custom_rm_path is None
+                and not (a.environment or a.environment_path or a.custom_generate_function_path)):
+            raise ConfigError("--rm-type", "'environment' is the reward an environment gave its episode: add "
+                              "--environment or --environment-path, or drop it from --rm-type")
         if self.agent.rollout_function_path and self.agent.per_sample:
             raise ConfigError("--rollout-function-path", "replaces the whole rollout, so it cannot be combined with "
                               "a per-sample generate function (--custom-generate-function-path, --tools, --environment-path)")

@@ -16,8 +16,9 @@ talks to the model). rlvr runs all three unchanged, with two choices made for it
 The taskset's tasks are the prompts: ``python -m rlvr.environments.verifiers ID OUT.jsonl`` writes
 them as a ``--prompt-data`` file (``metadata.verifiers_task`` is the task's position,
 ``metadata.source_name`` the taskset id, for per-environment metrics). A sample's reward is the
-episode's trace reward (verifiers' weighted sum of its rewards); each reward is kept in
-``metadata["verifiers_rewards"]``. An episode verifiers marks failed (its harness, tool server or
+episode's trace reward (verifiers' weighted sum of its rewards), or with ``--rm-type
+environment=...`` a part of rlvr's composite reward (``rlvr.rewards.environment``); each reward is
+kept in ``metadata["verifiers_rewards"]``. An episode verifiers marks failed (its harness, tool server or
 scoring raised) fails that sample only, like any agent error.
 
 verifiers runs on its own event loop in a daemon thread, entered once per taskset (its
@@ -132,6 +133,7 @@ def episode_error(episode) -> str | None:
 async def generate(args, sample, sampling_params: dict):
     """``--environment verifiers:ID``: one episode of the sample's task, recorded as the sample."""
     from rlvr.agents.agent_context import context
+    from rlvr.agents.environment import record_reward
 
     ctx = context()
     taskset_id = ctx.agent.config.environment[len(PREFIX):]
@@ -145,8 +147,8 @@ async def generate(args, sample, sampling_params: dict):
     if error is not None:
         raise RuntimeError(f"verifiers episode failed: {error}")
     trace = ep.traces[-1]
-    sample.reward = float(trace.reward)
     sample.metadata["verifiers_rewards"] = {k: float(r.score) for k, r in trace.rewards.items() if r is not None}
+    record_reward(sample, float(trace.reward))  # the sample's reward, or a part of --rm-type's composite
     return sample
 
 

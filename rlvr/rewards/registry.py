@@ -13,7 +13,8 @@ from rlvr.core.registry import Registry
 # slime_names last: it registers slime's boxed_* variants of the rewards registered before it.
 REWARDS: Registry[Any] = Registry("reward", flag="--rm-type", builtins=tuple(
     f"rlvr.rewards.{m}"
-    for m in ("code", "confidence", "dapo", "deepscaler", "math", "qa", "reasoning_gym", "remote", "slime_names")))
+    for m in ("code", "confidence", "dapo", "deepscaler", "environment", "math", "qa", "reasoning_gym", "remote",
+              "slime_names")))
 
 
 def parse_rm_type(text: str) -> dict[str, float]:
