@@ -11,8 +11,8 @@ profile's linear share can be read against what a prepacked kernel would take.
 
 The profile also reads the shapes of every ``aten::mm``/``addmm`` the engine ran and times the same
 GEMMs (the same counts of each shape) standalone in the same run: the engine's GEMM rate against
-what the CPU gives its own shapes. ``--unfused`` profiles an engine without its fused q/k/v and
-gate/up projections (``rlvr.engine.local.fused``).
+what the CPU gives its own shapes. ``--fuse`` profiles an engine with fused q/k/v and gate/up
+projections (``rlvr.engine.local.fused``; off by default in the engine).
 
 ``--fused``: instead of the profile, the same workload on an unfused and a fused engine in one run,
 alternated (unfused, fused, fused, unfused), each call's wall and CPU time.
@@ -96,7 +96,7 @@ def main() -> None:
     ap.add_argument("--decode-batch", type=int, default=64, help="rows of the GEMM comparison (requests decoding at once)")
     ap.add_argument("--compile", action="store_true", help="eager vs compiled decoder layers instead of the profile")
     ap.add_argument("--fused", action="store_true", help="unfused vs fused projections instead of the profile")
-    ap.add_argument("--unfused", action="store_true", help="profile an engine without fused projections")
+    ap.add_argument("--fuse", action="store_true", help="profile an engine with fused projections")
     args = ap.parse_args()
     set_threads(args.threads)
     if args.model in MODELS:
@@ -119,7 +119,7 @@ def main() -> None:
         return compare_compiled(args, EmbeddedEngine, tok, reqs(prompts, lens), sum(lens), reqs(prompts[:2], lens[:16]))
     if args.fused:
         return compare_fused(args, EmbeddedEngine, tok, reqs(prompts, lens), sum(lens), reqs(prompts[:2], lens[:16]))
-    fuse = not args.unfused
+    fuse = args.fuse
     warm = EmbeddedEngine(args.model, pad_token_id=tok.pad_token_id, seed=0, max_batch_size=512, fuse_projections=fuse)
     warm.generate_sync(reqs(prompts[:2], lens[:16]))  # one-time set-up of the kernels, outside the profile
     warm.close()

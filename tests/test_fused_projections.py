@@ -46,7 +46,7 @@ def test_fused_model_gives_the_unfused_logits(checkpoint):
 
 def test_update_weights_reach_the_fused_tensors_and_wake_rebinds(checkpoint):
     tok = AutoTokenizer.from_pretrained(checkpoint)
-    eng = EmbeddedEngine(checkpoint, pad_token_id=tok.pad_token_id, seed=0)
+    eng = EmbeddedEngine(checkpoint, pad_token_id=tok.pad_token_id, seed=0, fuse_projections=True)
     assert eng.fused and isinstance(eng.model.model.layers[0].mlp.gate_proj, FusedSlice)
     other = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
     with torch.no_grad():
@@ -94,6 +94,6 @@ def test_engine_samples_the_same_with_and_without_fusion(tiny_qwen2):
 def test_the_trainers_module_is_never_fused(tiny_qwen2):
     tok = AutoTokenizer.from_pretrained(tiny_qwen2)
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen2).eval()
-    eng = EmbeddedEngine(model, pad_token_id=tok.pad_token_id, share_weights=True)
+    eng = EmbeddedEngine(model, pad_token_id=tok.pad_token_id, share_weights=True, fuse_projections=True)
     assert eng.fused == [] and type(model.model.layers[0].self_attn.q_proj) is torch.nn.Linear
     eng.close()

@@ -126,7 +126,7 @@ class EmbeddedEngine(WorkerEngine):
         mem_fraction: float | None = None,
         deterministic: bool = False,
         share_weights: bool = False,
-        fuse_projections: bool = True,
+        fuse_projections: bool = False,
     ):
         super().__init__()
         self.shares_weights = share_weights

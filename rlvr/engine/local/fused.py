@@ -14,6 +14,10 @@ Exactness: the same dot products, blocked differently by the GEMM kernel, so the
 logit can differ from the unfused model (float tolerance, as between batch sizes); one model's
 results are deterministic either way.
 
+Off by default (``EmbeddedEngine(fuse_projections=True)`` turns it on): on this project's CPU (AVX2,
+one thread) the wider GEMMs run at the same rate as the separate ones, and the strided slices the
+fused output hands on make the rest of the layer slower (SmolLM2-135M decode 0.96x; docs/benchmarks.md).
+
 Only for a module the engine owns: the trainer's module (``share_weights``) or one whose tensors
 are partly the trainer's (a LoRA policy's frozen base) is left as it is.
 """
