@@ -62,7 +62,7 @@ from typing import AsyncIterator, Callable, Iterable, Mapping
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
-from rlvr.engine.local import kv
+from rlvr.engine.local import fused, kv
 from rlvr.engine.base import GenerateRequest, GenerateResult, SamplingParams
 from rlvr.engine.local.worker import Call, WorkerEngine, check_requests
 from rlvr.engine.sampling import filter_logits, sample_next, top_log_probs
@@ -126,11 +126,15 @@ class EmbeddedEngine(WorkerEngine):
         mem_fraction: float | None = None,
         deterministic: bool = False,
         share_weights: bool = False,
+        fuse_projections: bool = False,
     ):
         super().__init__()
         self.shares_weights = share_weights
         # _shared: the trainer's own tensors (never written here); _synced: what a weight update must bring
         self.model, self._shared, self._synced, device = _engine_model(model, device, dtype, share_weights)
+        # q/k/v and gate/up as one GEMM each (rlvr.engine.local.fused), in a module the engine owns
+        # whole: never the trainer's module nor one sharing the trainer's frozen LoRA base.
+        self.fused = fused.fuse_projections(self.model) if fuse_projections and not self._shared else []
         # R3 (--enable-return-routed-experts): every result carries the experts each MoE layer's
         # router chose for every position it ran (prompt and sampled tokens): rlvr.models.moe.
         self.routing = RoutingRecorder(self.model) if return_routed_experts else None
@@ -255,6 +259,8 @@ class EmbeddedEngine(WorkerEngine):
                     continue
                 shapes[name] = p.shape
                 p.data = torch.empty(0, dtype=p.dtype, device=self.device)
+            for group in self.fused:
+                group.release()
             self._asleep, self._lanes = shapes, []
 
     def wake(self) -> None:
@@ -265,6 +271,8 @@ class EmbeddedEngine(WorkerEngine):
                 if name not in self._asleep:
                     continue
                 p.data = torch.empty(self._asleep[name], dtype=p.dtype, device=self.device)
+            for group in self.fused:  # the fused members' weights: views into a new fused tensor
+                group.rebind()
             self._asleep, self._needs_weights = None, True
             self._cv.notify_all()
 
