@@ -125,6 +125,14 @@ class Config:
         if self.cluster.colocate:
             self._validate_colocate()
         self._validate_engine_kind()
+        self._validate_agent()
+        self._validate_async()
+        self._validate_reference()
+        self._validate_opd()
+        return self
+
+    def _validate_agent(self) -> None:
+        """The multi-turn loops and the environment reward against the rest of the config."""
         if (self.agent.tools or self.agent.environment_path or self.agent.environment) and not self.data.apply_chat_template:
             raise ConfigError("--tools" if self.agent.tools else "--environment-path" if self.agent.environment_path
                               else "--environment",
@@ -138,10 +146,6 @@ class Config:
         if self.agent.rollout_function_path and self.agent.per_sample:
             raise ConfigError("--rollout-function-path", "replaces the whole rollout, so it cannot be combined with "
                               "a per-sample generate function (--custom-generate-function-path, --tools, --environment-path)")
-        self._validate_async()
-        self._validate_reference()
-        self._validate_opd()
-        return self
 
     def _validate_reference(self) -> None:
         """The reference model's flags without a KL term; score centering against truncated sampling."""
