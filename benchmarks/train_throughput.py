@@ -182,7 +182,7 @@ def main() -> None:
         trainers = {k: Trainer(cfg, AlgoConfig(), n_samples_per_prompt=args.per_prompt, layout=v)
                     for k, v in layouts.items()}
         n_params = sum(p.numel() for p in trainers["packed"].model.parameters())
-        bins = trainers["packed"]._micro_batches(samples, list(range(len(samples))))
+        bins = trainers["packed"].batches.split(samples, list(range(len(samples))))
         slots = sum(pad([samples[i] for i in b]).slots for b in bins)
         print(f"\n[{name}] {n_params / 1e6:.1f}M parameters; {len(bins)} micro-batches; padded layout computes "
               f"{slots} positions for {sum(lengths)} tokens ({slots / sum(lengths):.2f}x)")

@@ -97,4 +97,5 @@ def test_a_reload_route_that_skips_the_tensors_stops_the_run(tmp_path):
             proxy.join(30)
     assert str(e.value).startswith("weight push 1 to the vllm_servers engine (vLLM's OpenAI servers; weights by "
                                    "transfer): ")
-    assert "the push changed nothing" in str(e.value)
+    # a full-weight step moves the policy far enough for the gap check, else the change check names it
+    assert "the push changed nothing" in str(e.value) or "differ from the trainer's by" in str(e.value)
