@@ -153,7 +153,7 @@ class FreshnessGuard:
         for r in results:
             if r.finish_reason == "error":
                 raise PolicyStale(f"the freshness probe failed on {self.where}: {r.meta.get('error')}")
-        scored = trainer.probe_log_probs([(p, r.token_ids) for p, r in zip(self.prompts, results)])
+        scored = trainer.probe_log_probs([(p, r.token_ids, r.routed_experts) for p, r in zip(self.prompts, results)])
         return [ProbeAnswer(list(r.token_ids), list(r.log_probs), lp, r.weight_version)
                 for r, lp in zip(results, scored)]
 

@@ -71,5 +71,6 @@ class TrainerRole(Protocol):
         """Stop the run (``TrainingStopped``) after too many skipped steps in a row
         (``--max-consecutive-skipped-steps``); ``skipped_path(rollout_id)`` names the kept batch."""
 
-    def probe_log_probs(self, sequences: list[tuple[list[int], list[int]]]) -> list[list[float]]:
-        """The policy's log-probs of each ``(prompt, response)``'s response tokens (the freshness probe)."""
+    def probe_log_probs(self, sequences: list[tuple[list[int], list[int], Any]]) -> list[list[float]]:
+        """The policy's log-probs of each ``(prompt, response, routed experts or None)``'s response
+        tokens (the freshness probe)."""

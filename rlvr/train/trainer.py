@@ -246,15 +246,18 @@ class Trainer:
 
     # ---- checkpoints -----------------------------------------------------------------------
     @torch.no_grad()
-    def probe_log_probs(self, sequences: list[tuple[list[int], list[int]]]) -> list[list[float]]:
-        """Log-probs of each ``(prompt, response)``'s response tokens under the policy, at the
-        rollout temperature, through the training forward (the policy-freshness probe's other side)."""
-        samples = [Sample("", list(p), response_ids=list(r), loss_mask=[1] * len(r)) for p, r in sequences]
-        width = max((len(r) for _, r in sequences), default=0)
+    def probe_log_probs(self, sequences: list[tuple[list[int], list[int], torch.Tensor | None]]) -> list[list[float]]:
+        """Log-probs of each ``(prompt, response, routed experts or None)``'s response tokens under the
+        policy, at the rollout temperature, through the training forward (the policy-freshness probe's
+        other side; with ``--use-rollout-routing-replay`` the forward replays the engine's routing, as
+        training does)."""
+        samples = [Sample("", list(p), response_ids=list(r), loss_mask=[1] * len(r), rollout_routed_experts=routes)
+                   for p, r, routes in sequences]
+        width = max((len(r) for _, r, _ in sequences), default=0)
         if width == 0:
             return [[] for _ in sequences]
         lp, _ = self.policy.log_probs(samples, width, with_entropy=False)
-        return [lp[i, :len(r)].tolist() for i, (_, r) in enumerate(sequences)]
+        return [lp[i, :len(r)].tolist() for i, (_, r, _) in enumerate(sequences)]
 
     def save_hf(self, tokenizer, directory: str | Path) -> Path:
         """The policy as a plain HF checkpoint (``--save-hf``; rlvr.runtime.roles.TrainerRole)."""
