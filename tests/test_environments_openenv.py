@@ -21,6 +21,7 @@ from openenv.core.env_server.types import Action, Observation, State  # noqa: E4
 
 from rlvr.core.testing import RUN_SILENT_ENV  # noqa: E402
 from rlvr.core.types import RolloutBatch  # noqa: E402
+from rlvr.environments.openenv import episode_seed  # noqa: E402
 from tests.support import free_port, wait_until  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +46,7 @@ class GuessEnv(Environment):
 
     def reset(self, seed=None, episode_id=None, **kw) -> GuessObservation:
         self._state = State(episode_id="e", step_count=0)
-        return GuessObservation(text="Say a number.", done=False, reward=0.0)
+        return GuessObservation(text=f"Say a number. [{episode_id} {seed}]", done=False, reward=0.0)
 
     def step(self, action: GuessAction, timeout_s=None, **kw) -> GuessObservation:
         self._state.step_count += 1
@@ -81,13 +82,16 @@ def samples_of(out: Path) -> list:
     assert [r["train/step"] for r in rows if "train/step" in r] == [1, 2]
     samples = [s for r in range(2) for s in RolloutBatch.load(out / "dump" / f"r{r}.pt").samples]
     assert len(samples) == 8 and len({s.uid for s in samples}) == 8  # nothing duplicated
+    seeds = {s.uid: episode_seed(1234, s) for s in samples}
+    assert len(set(seeds.values())) == 4  # one seed per prompt's group of 2
     return samples
 
 
 def check_episode(s) -> None:
-    """The server's rewards are the sample's; its observations are masked segments between model turns."""
+    """The server's rewards are the sample's; its observations are masked segments between model turns;
+    ``reset`` got the sample's uid as the episode id and its group's seed (the run's --seed is 1234)."""
     assert s.reward == sum(s.metadata["env_rewards"]) and all(r == 0.25 for r in s.metadata["env_rewards"])
-    assert "Say a number." in s.prompt  # reset's observation opens the conversation
+    assert f"Say a number. [{s.uid} {episode_seed(1234, s)}]" in s.prompt  # reset's observation opens the conversation
     for start, end, trainable in s.segments():
         if not trainable:
             assert s.loss_mask[start:end] == [0] * (end - start) and "Again." in s.response

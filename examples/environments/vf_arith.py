@@ -1,4 +1,4 @@
-"""A verifiers taskset built here (no download): sums of two small numbers, graded by a rubric.
+"""A verifiers taskset built here (no download): sums of two two-digit numbers, graded by a rubric.
 
 `rlvr train --environment verifiers:vf_arith ...` trains on it (docs/environments.md). verifiers
 finds a taskset by importing the module its id names and taking the Taskset subclass in `__all__`.
@@ -25,8 +25,8 @@ class ArithTask(vf.Task[ArithData, vf.State, vf.TaskConfig]):
 class ArithTaskset(vf.Taskset[ArithTask, vf.TasksetConfig]):
     def load(self):
         rng = random.Random(0)
-        for _ in range(64):
-            a, b = rng.randint(1, 9), rng.randint(1, 9)
+        for _ in range(256):
+            a, b = rng.randint(10, 99), rng.randint(10, 99)
             yield ArithTask(ArithData(prompt=f"What is {a} + {b}? Answer with the number only.", answer=a + b))
 
 

@@ -7,7 +7,11 @@ Each sample is one episode over its own WebSocket session (OpenEnv's ``/ws``, th
 protocol; its plain ``POST /reset`` and ``/step`` make a fresh environment per call), driven by
 rlvr's multi-turn environment loop (``rlvr.agents.environment``, token-in/token-out):
 
-- ``reset``: the prompt's chat messages, then the initial observation as a user message;
+- ``reset``: called with ``seed`` (a function of ``--seed`` and the prompt's draw: the samples of
+  one prompt's group share it, so an environment that makes its task from the seed poses one task
+  to the whole group, and a rerun poses the same tasks) and ``episode_id`` (the sample's uid);
+  OpenEnv passes them on where the environment's ``reset`` takes them. The prompt's chat messages,
+  then the initial observation as a user message, open the conversation;
 - each model reply becomes the action: the action schema's one string field (``/schema``) holds
   the reply text;
 - the observation (its one string field, else its fields as JSON) is the next user message, masked;
@@ -25,7 +29,6 @@ import atexit
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -34,6 +37,8 @@ import urllib.request
 from functools import lru_cache
 
 from rlvr.core.errors import ConfigError
+from rlvr.core.net import free_port
+from rlvr.engine.sampling import request_seed
 
 PREFIX = "openenv:"
 _RESERVED = {"done", "reward", "metadata"}
@@ -54,12 +59,6 @@ def _get_json(url: str, timeout: float):
         return json.loads(r.read())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     """An OpenEnv server rlvr runs for ``module:Class`` (a subprocess), started again when it died."""
 
@@ -78,7 +77,7 @@ class Server:
             return self._url
 
     def _start(self) -> None:
-        port = _free_port()
+        port = free_port()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
         self.proc = subprocess.Popen([sys.executable, "-m", "rlvr.environments.openenv_server", self.spec, str(port)],
                                      env=env)
@@ -140,16 +139,29 @@ def observation_text(observation: dict) -> str:
     return strings[0] if len(strings) == 1 and len(fields) == 1 else json.dumps(fields)
 
 
+def episode_seed(run_seed: int, sample) -> int:
+    """The ``seed`` given to ``reset``: the same for every sample of one prompt's group (the uid's
+    part before ``/`` names the prompt's draw), below 2**31 so any RNG takes it.
+
+    >>> from rlvr.core.types import Sample
+    >>> a, b, c = (Sample(uid=u) for u in ("7/0", "7/3", "8/0"))
+    >>> episode_seed(1, a) == episode_seed(1, b) != episode_seed(1, c)
+    True
+    """
+    draw = sample.uid.rsplit("/", 1)[0] if sample.uid else f"index:{sample.group_index}"
+    return request_seed(run_seed, "openenv", draw) % 2**31
+
+
 class Episode:
     """rlvr's environment protocol (``reset`` / ``step``) over one OpenEnv WebSocket session."""
 
-    def __init__(self, url: str, timeout: float, messages: list[dict]):
-        self.url, self.messages = url, messages
+    def __init__(self, url: str, timeout: float, messages: list[dict], seed: int):
+        self.url, self.messages, self.seed, self.timeout = url, messages, seed, timeout
         self.field = action_field(url, timeout)
         self.client = _client_class()(base_url=url, connect_timeout_s=timeout, message_timeout_s=timeout)
 
     async def reset(self, sample) -> list[dict]:
-        result = await self.client.reset()
+        result = await self.client.reset(seed=self.seed, episode_id=sample.uid or f"index:{sample.index}")
         text = observation_text(result.observation)
         return self.messages + ([{"role": "user", "content": text}] if text.strip() else [])
 
@@ -158,7 +170,17 @@ class Episode:
         return observation_text(result.observation), float(result.reward or 0.0), bool(result.done)
 
     async def close(self) -> None:
-        await self.client.close()
+        """End the session, then let the server close the socket before the client drops it: a
+        client that closes first makes OpenEnv's server log a ``WebSocketDisconnect`` traceback
+        for every episode (it only expects a ``RuntimeError`` there)."""
+        import asyncio
+
+        try:
+            if self.client._ws is not None:  # GenericEnvClient's socket (websockets' ClientConnection)
+                await self.client._send({"type": "close"})
+                await asyncio.wait_for(self.client._ws.wait_closed(), self.timeout)
+        finally:
+            await self.client.close()
 
 
 async def generate(args, sample, sampling_params: dict):
@@ -171,7 +193,8 @@ async def generate(args, sample, sampling_params: dict):
     ctx = context()
     a = ctx.agent.config
     url = await asyncio.to_thread(server_url, a.environment[len(PREFIX):], a.environment_timeout)
-    episode = await asyncio.to_thread(Episode, url, a.environment_timeout, ctx.messages(sample))
+    episode = await asyncio.to_thread(Episode, url, a.environment_timeout, ctx.messages(sample),
+                                      episode_seed(ctx.rollout.seed, sample))
     try:
         return await run_environment(episode, sample, sampling_params)
     finally:
