@@ -130,6 +130,8 @@ UNEVEN = [1, 1, 1, 1, 0, 0.5, 0.75, 0.75]  # 5 silent (the 0.5 sits at its group
 
 
 def _rank(rank: int, port: int, ckpt: str, backend: str, rollouts, out: str) -> None:
+    import gc
+
     import torch.distributed as dist
 
     from rlvr.train.parallel import DataParallel
@@ -142,6 +144,12 @@ def _rank(rank: int, port: int, ckpt: str, backend: str, rollouts, out: str) -> 
     weights = tr.weights()  # FSDP2: gathered on rank 0 (a collective)
     if rank == 0:
         torch.save({"weights": [w.clone() for w in weights.values()], "metrics": metrics}, out)
+    # The trainer (its DDP Reducer) goes first, while the process group is still registered: were
+    # the Reducer the group's last holder, freeing it would destroy the gloo group with the GIL
+    # held, joining gloo's work thread, which may be waiting for the GIL to free its last
+    # all-reduce's tensors (a deadlock at exit, seen about once in 10-40 runs on a loaded machine).
+    del tr, weights
+    gc.collect()
     dist.destroy_process_group()
 
 
