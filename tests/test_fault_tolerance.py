@@ -71,13 +71,19 @@ def local_engine_probe(monkeypatch) -> tuple[Callable[[], list[int]], Callable[[
     return pids, in_flight
 
 
+# A tiny-model rollout here takes 0.01-0.2 s and each kill lands up to 0.4 s after a rollout is
+# logged, so 8 rollouts could end before the second kill (then nothing needs a restart); 40 outlast
+# both kills and the restarts.
+ROLLOUTS = 40
+
+
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_chaos_two_sigkills_during_rollout(tiny_qwen2, arith_files, tmp_path, caplog, monkeypatch, mode):
     train, _ = arith_files
     out = tmp_path / "run"
     args = ["--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(train), "--rm-type", "math",
             "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "64",
-            "--num-rollout", "8", "--lr", "1e-3", "--output-dir", str(out),
+            "--num-rollout", str(ROLLOUTS), "--lr", "1e-3", "--output-dir", str(out),
             "--use-fault-tolerance", "--rollout-num-engines", "2",
             "--rollout-health-check-interval", "0.3", "--rollout-health-check-timeout", "2"]
     if mode == "async":
@@ -87,7 +93,7 @@ def test_chaos_two_sigkills_during_rollout(tiny_qwen2, arith_files, tmp_path, ca
     with caplog.at_level(logging.WARNING, logger="rlvr.engine.remote.supervisor"):
         run_dir, kills = run_under_kills(cfg, out, pids, in_flight, seed=9)
     # the run finished, and every prompt group was trained exactly once
-    last = check_trained_once_none_failed(run_dir, rollouts=8)
+    last = check_trained_once_none_failed(run_dir, rollouts=ROLLOUTS)
     # the restarts are visible in the metrics and the logs
     assert last["rollout/engine_restarts"] == 2.0
     assert last["rollout/engine_reissued_requests"] >= 1.0  # a kill cut requests in flight
