@@ -96,6 +96,19 @@ def killer(pids: Callable[[], list[int]], in_flight: Callable[[int], bool], run_
         log.append((time.time(), pid))
 
 
+def hold_rollout_until(monkeypatch, targets, rollout_id: int, condition: Callable[[], bool], what: str) -> None:
+    """Rollout ``rollout_id`` is asked of each ``(class, method name)`` of ``targets`` (a method taking
+    the rollout id) only once ``condition()`` holds: a chaos run's last rollout waits for the
+    recovery it checks, so its metrics are the state after recovery, not a race with the run's end."""
+    for cls, method in targets:
+        def held(self, i, *args, _real=getattr(cls, method), **kwargs):  # noqa: B008 (bound once, at definition)
+            if i == rollout_id:
+                wait_until(condition, what, timeout=240, poll=0.2)
+            return _real(self, i, *args, **kwargs)
+
+        monkeypatch.setattr(cls, method, held)
+
+
 def run_under_kills(cfg, out: Path, pids: Callable[[], list[int]], in_flight: Callable[[int], bool],
                     seed: int) -> tuple[Path, list]:
     """``run(cfg)`` (its output directory ``out``) while ``killer`` SIGKILLs the two engines a

@@ -22,11 +22,11 @@ from rlvr.runtime.configure import parse_config
 from rlvr.config.engine import EngineConfig
 from rlvr.engine.remote.processes import ServeProcesses
 from rlvr.engine.remote.supervisor import EngineSupervisor
-from rlvr.runtime.loop import run
+from rlvr.runtime.loop import Step, run
 from rlvr.observe import read_metrics
 from rlvr.core.testing import RAISE_AT_ENV, RUN_SILENT_ENV
 from tests.support import (check_monitor_survives_a_kill, check_trained_once_none_failed, generate_requests,
-                           run_under_kills, wait_until)
+                           hold_rollout_until, run_under_kills, wait_until)
 
 pytestmark = pytest.mark.slow
 
@@ -56,8 +56,9 @@ def supervise(checkpoint: Path, tmp_path: Path, n: int, max_restarts: int) -> En
     return EngineSupervisor(ServeProcesses(checkpoint, log_dir=tmp_path / "engines"), settings)
 
 
-def local_engine_probe(monkeypatch) -> tuple[Callable[[], list[int]], Callable[[int], bool]]:
-    """(pids, in_flight) of the supervisor the run builds (caught as ``build_engine`` returns it)."""
+def local_engine_probe(monkeypatch) -> tuple[Callable[[], list[int]], Callable[[int], bool], Callable[[], bool]]:
+    """(pids, in_flight, recovered) of the supervisor the run builds (caught as ``build_engine``
+    returns it); ``recovered()``: both engines were restarted and are up."""
     built: list[EngineSupervisor] = []
     real = rlvr.runtime.build.build_engine
     monkeypatch.setattr(rlvr.runtime.build, "build_engine", lambda *a: built.append(real(*a)) or built[-1])
@@ -68,12 +69,16 @@ def local_engine_probe(monkeypatch) -> tuple[Callable[[], list[int]], Callable[[
     def in_flight(pid: int) -> bool:
         return any(s.pid == pid and s.up and s.outstanding > 0 for s in built[0].slots)
 
-    return pids, in_flight
+    def recovered() -> bool:
+        stats = built[0].stats() if built else {}
+        return stats.get("rollout/engine_restarts") == 2.0 and stats.get("rollout/engines_up") == 2.0
+
+    return pids, in_flight, recovered
 
 
 # A tiny-model rollout here takes 0.01-0.2 s and each kill lands up to 0.4 s after a rollout is
-# logged, so 8 rollouts could end before the second kill (then nothing needs a restart); 40 outlast
-# both kills and the restarts.
+# logged once the victim has requests in flight, so the run needs rollouts enough for both kills to
+# land (8 were seen to end first); the last one then waits until both engines are restarted and up.
 ROLLOUTS = 40
 
 
@@ -89,7 +94,8 @@ def test_chaos_two_sigkills_during_rollout(tiny_qwen2, arith_files, tmp_path, ca
     if mode == "async":
         args += ["--async", "--max-staleness", "1", "--rollout-concurrency", "8"]
     cfg = parse_config(args)
-    pids, in_flight = local_engine_probe(monkeypatch)
+    pids, in_flight, recovered = local_engine_probe(monkeypatch)
+    hold_rollout_until(monkeypatch, ((Step, "rollout"),), ROLLOUTS - 1, recovered, "both killed engines are back up")
     with caplog.at_level(logging.WARNING, logger="rlvr.engine.remote.supervisor"):
         run_dir, kills = run_under_kills(cfg, out, pids, in_flight, seed=9)
     # the run finished, and every prompt group was trained exactly once
@@ -99,10 +105,8 @@ def test_chaos_two_sigkills_during_rollout(tiny_qwen2, arith_files, tmp_path, ca
     assert last["rollout/engine_reissued_requests"] >= 1.0  # a kill cut requests in flight
     downs = [r for r in caplog.records if "is down" in r.getMessage()]
     restarts = [r for r in caplog.records if "restarted as pid" in r.getMessage()]
-    # Both restarts began (the metric above counts them); the log line comes once the new engine is
-    # up, and a restart still loading when the last rollout finishes is cut off by the run's end
-    # (seen in CI under load: kills 0.4 s apart near the end), so it may be missing.
-    assert len(downs) == 2 and 1 <= len(restarts) <= 2
+    assert last["rollout/engines_up"] == 2.0  # the last rollout waited for both replacements
+    assert len(downs) == 2 and len(restarts) == 2
     down_slots = {m.getMessage().split()[1] for m in downs}
     assert {m.getMessage().split()[1] for m in restarts} <= down_slots
     assert {pid for _, pid in kills} <= {int(m.getMessage().split("(pid ")[1].split(")")[0]) for m in downs}
@@ -219,8 +223,9 @@ def test_deterministic_run_is_exact_through_engine_kills(tiny_qwen2, arith_files
                             "--use-fault-tolerance", "--rollout-num-engines", "2", "--deterministic-mode",
                             "--rollout-health-check-interval", "0.3", "--rollout-health-check-timeout", "2"])
         with monkeypatch.context() as m:
-            pids, in_flight = local_engine_probe(m)
-            if kill:  # both kills happened (run_under_kills checks it)
+            pids, in_flight, recovered = local_engine_probe(m)
+            if kill:  # both kills happened (run_under_kills checks it), both engines back for the last rollout
+                hold_rollout_until(m, ((Step, "rollout"),), 5, recovered, "both killed engines are back up")
                 run_dir, _ = run_under_kills(cfg, out, pids, in_flight, seed=3)
             else:
                 run_dir = run(cfg, console=False)

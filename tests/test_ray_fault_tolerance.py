@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from rlvr.runtime.configure import parse_config
-from tests.support import check_monitor_survives_a_kill, check_trained_once_none_failed, run_under_kills, wait_until
+from tests.support import (check_monitor_survives_a_kill, check_trained_once_none_failed, hold_rollout_until,
+                           run_under_kills, wait_until)
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -72,19 +73,6 @@ def ray_engine_probe(monkeypatch):
     return pids, in_flight, all_up
 
 
-def hold_rollout_until(monkeypatch, rollout_id: int, condition, what: str) -> None:
-    """Rollout ``rollout_id`` (sync or ``--async``) is asked for only once ``condition()`` holds."""
-    from rlvr.distributed import rollout_manager
-
-    for cls, method in ((rollout_manager.RayRollout, "generate"), (rollout_manager.RayAsyncSource, "next_batch")):
-        def held(self, i, _real=getattr(cls, method)):  # noqa: B008 (bound once, at definition)
-            if i == rollout_id:
-                wait_until(condition, what, timeout=240, poll=0.2)
-            return _real(self, i)
-
-        monkeypatch.setattr(cls, method, held)
-
-
 # Both modes: async keeps groups in flight at every moment (so a kill always cuts requests) and
 # pushes weights from the producer's thread while engines restart; sync re-issues within a rollout.
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -96,7 +84,10 @@ def test_chaos_two_sigkills_during_rollout(ray_cluster, tiny_qwen2, arith_files,
     pids, in_flight, all_up = ray_engine_probe(monkeypatch)
     # A replacement is a new worker importing torch (5-30 s on a busy CPU): the last rollout waits
     # for both to be up, so its engines_up is the state after recovery, not a race with the run's end.
-    hold_rollout_until(monkeypatch, 9, all_up, "both killed engines are replaced and up")
+    from rlvr.distributed.rollout_manager import RayAsyncSource, RayRollout
+
+    hold_rollout_until(monkeypatch, ((RayRollout, "generate"), (RayAsyncSource, "next_batch")), 9, all_up,
+                       "both killed engines are replaced and up")
     t0 = time.time()
     run_dir, kills = run_under_kills(cfg, out, pids, in_flight, seed=9)
     # the run finished, and every prompt group was trained exactly once
