@@ -7,11 +7,12 @@ not copy them leaves it on the old policy. vLLM's engines: tests/test_vllm_fresh
 import json
 
 import pytest
+import torch
 
 from rlvr.engine.local.embedded import EmbeddedEngine
 from rlvr.runtime.configure import parse_config
 from rlvr.runtime.freshness import PolicyStale
-from rlvr.runtime.loop import run
+from rlvr.runtime.loop import build, run
 
 pytestmark = pytest.mark.slow
 
@@ -41,8 +42,11 @@ def keep_version(push):
     return stuck
 
 
-def test_a_healthy_run_shows_only_float_noise(tiny_qwen2, arith_files, tmp_path):
-    run_dir = run(parse_config(_args(tiny_qwen2, arith_files[0], tmp_path / "run")), console=False)
+# One token: the trainer scores next-token distributions while the engine samples; three: after it.
+@pytest.mark.parametrize("tokens", ["1", "3"])
+def test_a_healthy_run_shows_only_float_noise(tiny_qwen2, arith_files, tmp_path, tokens):
+    run_dir = run(parse_config(_args(tiny_qwen2, arith_files[0], tmp_path / "run", "--policy-freshness-probe-tokens",
+                                     tokens)), console=False)
     probed = [r for r in _rollouts(run_dir) if "rollout/policy_freshness_gap" in r]
     assert [r["rollout/step"] for r in probed] == [1, 3]  # the pushes (every 2 rollouts)
     for r in probed:
@@ -50,10 +54,12 @@ def test_a_healthy_run_shows_only_float_noise(tiny_qwen2, arith_files, tmp_path)
         assert r["rollout/policy_freshness_failures"] == 0.0 and r["perf/policy_freshness_time"] > 0
 
 
-def test_a_push_that_skips_the_tensors_stops_the_run(tiny_qwen2, arith_files, tmp_path, monkeypatch):
+@pytest.mark.parametrize("tokens", ["1", "3"])
+def test_a_push_that_skips_the_tensors_stops_the_run(tiny_qwen2, arith_files, tmp_path, monkeypatch, tokens):
     monkeypatch.setattr(EmbeddedEngine, "update_weights", skip_tensors)
     with pytest.raises(PolicyStale) as e:
-        run(parse_config(_args(tiny_qwen2, arith_files[0], tmp_path / "run")), console=False)
+        run(parse_config(_args(tiny_qwen2, arith_files[0], tmp_path / "run", "--policy-freshness-probe-tokens", tokens)),
+            console=False)
     message = str(e.value)
     assert message.startswith("weight push 2 to the embedded engine (rlvr's engine in this process")
     assert "weights by memory" in message and "the push changed nothing" in message
@@ -81,3 +87,18 @@ def test_off_runs_no_probe(tiny_qwen2, arith_files, tmp_path, monkeypatch):
     run_dir = run(parse_config(_args(tiny_qwen2, arith_files[0], tmp_path / "run", "--policy-freshness-check", "off")),
                   console=False)
     assert not any(k.startswith(("rollout/policy_", "perf/policy_")) for r in _rollouts(run_dir) for k in r)
+
+
+def test_the_trainers_two_probe_sides_agree(tiny_qwen2, arith_files, tmp_path):
+    """The next-token distribution (one-token probe, scored before the engine answers) gives each
+    token the log-prob that scoring that token after the prompt gives (the probe of more tokens)."""
+    cfg = parse_config(_args(tiny_qwen2, arith_files[0], tmp_path / "run", "--rollout-temperature", "0.7"))
+    with build(cfg) as c:
+        prompts = [[5, 6, 7], [9], [11, 12]]
+        dist = c.trainer.probe_next_log_probs(prompts)
+        assert dist.shape == (3, c.trainer.policy.model.config.vocab_size)
+        assert torch.allclose(dist.exp().sum(-1), torch.ones(3), atol=1e-4)  # distributions, at T 0.7
+        tokens = [3, 40, int(dist[2].argmax())]
+        scored = c.trainer.probe_log_probs([(p, [t], None) for p, t in zip(prompts, tokens)])
+        for i, t in enumerate(tokens):
+            assert abs(scored[i][0] - float(dist[i, t])) < 1e-5

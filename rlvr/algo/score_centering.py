@@ -78,7 +78,7 @@ def head_token_ids(samples: list[Sample], width: int) -> Tensor:
     out = torch.zeros(len(samples), width, k, dtype=torch.long)
     for i, s in enumerate(samples):
         for t, ids in enumerate(s.rollout_topk_token_ids):
-            out[i, t, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            out[i, t, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
     return out
 
 

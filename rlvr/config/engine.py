@@ -69,7 +69,8 @@ class EngineConfig:
         ["stop", "warn", "off"])
     policy_freshness_max_gap: float = _f(0.1, "the largest mean |engine - trainer| log-prob over the probe's tokens a "
                                               "healthy push may show (fp32 on CPU shows ~1e-6)", gt=0)
-    policy_freshness_probe_tokens: int = _f(2, "tokens the engine samples for each of the probe's prompts", ge=1)
+    policy_freshness_probe_tokens: int = _f(1, "tokens the engine samples for each of the probe's prompts (1: the trainer "
+                                               "scores its next-token distributions while the engine samples)", ge=1)
 
     def validate(self) -> None:
         check_bounds(self)  # the ranges declared on the fields

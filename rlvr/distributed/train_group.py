@@ -91,6 +91,9 @@ class TrainWorker:
     def probe_log_probs(self, sequences: list) -> list[list[float]]:
         return self.trainer.probe_log_probs(sequences)
 
+    def probe_next_log_probs(self, prompts: list):
+        return self.trainer.probe_next_log_probs(prompts)
+
     def join_broadcast(self, host: str, port: int, world_size: int) -> list | None:
         """``--weight-sync broadcast``: rank 0 joins (hosts) the group with the engines and returns
         the specs of what it will send; the other ranks only take part in FSDP2's gather."""
@@ -180,6 +183,10 @@ class RayTrainer:
     def probe_log_probs(self, sequences: list) -> list[list[float]]:
         """Every rank runs the forward (FSDP2 gathers its shards collectively); rank 0's answer."""
         return get_all([w.probe_log_probs.remote(sequences) for w in self.workers])[0]
+
+    def probe_next_log_probs(self, prompts: list):
+        """As ``probe_log_probs``: every rank runs the forward; rank 0's answer."""
+        return get_all([w.probe_next_log_probs.remote(prompts) for w in self.workers])[0]
 
     def join_broadcast(self, host: str, port: int, world_size: int) -> list:
         """Calls (not yet awaited: the engines join at the same time) of every rank's ``join_broadcast``."""

@@ -66,6 +66,9 @@ class Colocated:
     def probe_log_probs(self, sequences) -> list[list[float]]:
         return self.trainer.probe_log_probs(sequences)
 
+    def probe_next_log_probs(self, prompts):
+        return self.trainer.probe_next_log_probs(prompts)
+
     def train(self, rollout_id: int, samples) -> dict[str, float]:
         rollout_peak = peak_memory_gb(self.device)  # the rollout phase that produced ``samples``
         self.engine.sleep()

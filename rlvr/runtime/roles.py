@@ -74,3 +74,7 @@ class TrainerRole(Protocol):
     def probe_log_probs(self, sequences: list[tuple[list[int], list[int], Any]]) -> list[list[float]]:
         """The policy's log-probs of each ``(prompt, response, routed experts or None)``'s response
         tokens (the freshness probe)."""
+
+    def probe_next_log_probs(self, prompts: list[list[int]]) -> Any:
+        """The policy's log-probs ``[n, vocab]`` of every next token after each prompt (the
+        freshness probe of one token, scored while the engine samples it)."""

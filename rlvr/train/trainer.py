@@ -246,6 +246,7 @@ class Trainer:
 
     # ---- checkpoints -----------------------------------------------------------------------
     @torch.no_grad()
+    @torch.no_grad()
     def probe_log_probs(self, sequences: list[tuple[list[int], list[int], torch.Tensor | None]]) -> list[list[float]]:
         """Log-probs of each ``(prompt, response, routed experts or None)``'s response tokens under the
         policy, at the rollout temperature, through the training forward (the policy-freshness probe's
@@ -258,6 +259,17 @@ class Trainer:
             return [[] for _ in sequences]
         lp, _ = self.policy.log_probs(samples, width, with_entropy=False)
         return [lp[i, :len(r)].tolist() for i, (_, r, _) in enumerate(sequences)]
+
+    @torch.no_grad()
+    def probe_next_log_probs(self, prompts: list[list[int]]) -> torch.Tensor:
+        """Log-probs ``[n, vocab]`` (float32, host) of every token as the next one after each prompt
+        under the policy, at the rollout temperature, through the training forward (every vocabulary
+        id a sampler head of one dummy response token): the probe's other side when the engine samples
+        one token, computed before or while the engine samples it."""
+        vocab = torch.arange(self.policy.model.config.vocab_size)
+        samples = [Sample("", list(p), response_ids=[0], loss_mask=[1], rollout_topk_token_ids=[vocab]) for p in prompts]
+        lp, _ = self.policy.log_probs(samples, 1, with_entropy=False, heads=True)
+        return lp[:, 0, 1:].cpu()
 
     def save_hf(self, tokenizer, directory: str | Path) -> Path:
         """The policy as a plain HF checkpoint (``--save-hf``; rlvr.runtime.roles.TrainerRole)."""
