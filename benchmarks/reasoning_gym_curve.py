@@ -5,6 +5,12 @@ minimum-to-maximum as a band, each seed as faint dots; only rollouts at which ev
 evaluated are drawn, so the seeds are compared at the same points.
 
     python benchmarks/reasoning_gym_curve.py RUN_DIR [RUN_DIR ...] [--set val] [--out docs/reasoning_gym_curve.png]
+
+``--compare``: each run is a recipe choice of its own (``LABEL=RUN_DIR``), drawn as its own line, with a
+first panel for the whole set; a markdown table of every run's accuracy at every evaluation (the
+whole set, then each task) and its training reward per rollout is printed too.
+
+    python benchmarks/reasoning_gym_curve.py --compare base=runs/a "lr 3e-5=runs/b" --out docs/recipe_choices.png
 """
 
 from __future__ import annotations
@@ -28,6 +34,37 @@ def curves(runs: list[list[dict]], eval_set: str) -> dict[str, dict[int, list[fl
     return {task: {s: v for s, v in sorted(steps.items()) if len(v) == len(runs)} for task, steps in out.items()}
 
 
+def compare(named: dict[str, list[dict]], eval_set: str, out: str) -> None:
+    """One line per run on a panel per task (and one for the whole set); the table on stdout."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    per_run = {name: curves([[r for r in rs if "eval/step" in r]], eval_set) for name, rs in named.items()}
+    for name, rs in named.items():
+        per_run[name] = {"all": {r["eval/step"]: [r[f"eval/{eval_set}/accuracy"]] for r in rs
+                                 if f"eval/{eval_set}/accuracy" in r}} | per_run[name]
+    tasks = list(next(iter(per_run.values())))
+    print("| choice | " + " | ".join(tasks) + " | training reward by rollout |")
+    print("| --- " * (len(tasks) + 2) + "|")
+    for name, per_task in per_run.items():
+        cells = [" / ".join(f"{v[0]:.3f}" for v in per_task[t].values()) for t in tasks]
+        rewards = " ".join(f"{r['rollout/raw_reward']:.2f}" for r in named[name] if "rollout/raw_reward" in r)
+        print(f"| {name} | " + " | ".join(cells) + f" | {rewards} |")
+    fig = Figure(figsize=(3.6 * len(tasks), 3.4), layout="constrained")
+    FigureCanvasAgg(fig)
+    for ax, task in zip(fig.subplots(1, len(tasks), squeeze=False)[0], tasks):
+        for name, per_task in per_run.items():
+            ax.plot(list(per_task[task]), [v[0] for v in per_task[task].values()], "-o", label=name, markersize=3)
+        ax.set_title(task)
+        ax.set_xlabel("GRPO rollout")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+    fig.axes[0].set_ylabel(f"greedy accuracy ({eval_set})")
+    fig.axes[0].legend(fontsize="x-small")
+    fig.savefig(out, dpi=90)
+    print(out)
+
+
 def main() -> None:
     sys.path.insert(0, str(ROOT))
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -39,7 +76,11 @@ def main() -> None:
     p.add_argument("run_dirs", nargs="+")
     p.add_argument("--set", default="val", help="the eval set's name (--eval-prompt-data NAME)")
     p.add_argument("--out", default=str(ROOT / "docs" / "reasoning_gym_curve.png"))
+    p.add_argument("--compare", action="store_true", help="runs are recipe choices, LABEL=RUN_DIR each")
     args = p.parse_args()
+    if args.compare:
+        named = dict(d.split("=", 1) if "=" in d else (Path(d).name, d) for d in args.run_dirs)
+        return compare({name: read_metrics(Path(d)) for name, d in named.items()}, args.set, args.out)
     runs = [[r for r in read_metrics(Path(d)) if "eval/step" in r] for d in args.run_dirs]
     per_task = curves(runs, args.set)
     fig = Figure(figsize=(4 * len(per_task), 3.6), layout="constrained")

@@ -246,7 +246,6 @@ class Trainer:
 
     # ---- checkpoints -----------------------------------------------------------------------
     @torch.no_grad()
-    @torch.no_grad()
     def probe_log_probs(self, sequences: list[tuple[list[int], list[int], torch.Tensor | None]]) -> list[list[float]]:
         """Log-probs of each ``(prompt, response, routed experts or None)``'s response tokens under the
         policy, at the rollout temperature, through the training forward (the policy-freshness probe's
