@@ -34,11 +34,31 @@ def curves(runs: list[list[dict]], eval_set: str) -> dict[str, dict[int, list[fl
     return {task: {s: v for s, v in sorted(steps.items()) if len(v) == len(runs)} for task, steps in out.items()}
 
 
-def compare(named: dict[str, list[dict]], eval_set: str, out: str) -> None:
-    """One line per run on a panel per task (and one for the whole set); the table on stdout."""
+def panels(titles: list[str], width: float, height: float):
+    """(figure, its axes): one panel per title, accuracy 0-1 against the GRPO rollout."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    fig = Figure(figsize=(width * len(titles), height), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(titles), squeeze=False)[0]
+    for ax, title in zip(axes, titles):
+        ax.set_title(title)
+        ax.set_xlabel("GRPO rollout")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+    return fig, axes
+
+
+def save(fig, eval_set: str, out: str, legend_size: str) -> None:
+    fig.axes[0].set_ylabel(f"greedy accuracy ({eval_set})")
+    fig.axes[0].legend(fontsize=legend_size)
+    fig.savefig(out, dpi=90)
+    print(out)
+
+
+def compare(named: dict[str, list[dict]], eval_set: str, out: str) -> None:
+    """One line per run on a panel per task (and one for the whole set); the table on stdout."""
     per_run = {name: curves([[r for r in rs if "eval/step" in r]], eval_set) for name, rs in named.items()}
     for name, rs in named.items():
         per_run[name] = {"all": {r["eval/step"]: [r[f"eval/{eval_set}/accuracy"]] for r in rs
@@ -50,26 +70,15 @@ def compare(named: dict[str, list[dict]], eval_set: str, out: str) -> None:
         cells = [" / ".join(f"{v[0]:.3f}" for v in per_task[t].values()) for t in tasks]
         rewards = " ".join(f"{r['rollout/raw_reward']:.2f}" for r in named[name] if "rollout/raw_reward" in r)
         print(f"| {name} | " + " | ".join(cells) + f" | {rewards} |")
-    fig = Figure(figsize=(3.6 * len(tasks), 3.4), layout="constrained")
-    FigureCanvasAgg(fig)
-    for ax, task in zip(fig.subplots(1, len(tasks), squeeze=False)[0], tasks):
+    fig, axes = panels(tasks, 3.6, 3.4)
+    for ax, task in zip(axes, tasks):
         for name, per_task in per_run.items():
             ax.plot(list(per_task[task]), [v[0] for v in per_task[task].values()], "-o", label=name, markersize=3)
-        ax.set_title(task)
-        ax.set_xlabel("GRPO rollout")
-        ax.set_ylim(0, 1)
-        ax.grid(alpha=0.3)
-    fig.axes[0].set_ylabel(f"greedy accuracy ({eval_set})")
-    fig.axes[0].legend(fontsize="x-small")
-    fig.savefig(out, dpi=90)
-    print(out)
+    save(fig, eval_set, out, "x-small")
 
 
 def main() -> None:
     sys.path.insert(0, str(ROOT))
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     from rlvr.observe import read_metrics
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -83,22 +92,16 @@ def main() -> None:
         return compare({name: read_metrics(Path(d)) for name, d in named.items()}, args.set, args.out)
     runs = [[r for r in read_metrics(Path(d)) if "eval/step" in r] for d in args.run_dirs]
     per_task = curves(runs, args.set)
-    fig = Figure(figsize=(4 * len(per_task), 3.6), layout="constrained")
-    FigureCanvasAgg(fig)
-    for ax, (task, steps) in zip(fig.subplots(1, len(per_task), squeeze=False)[0], sorted(per_task.items())):
+    tasks = sorted(per_task)
+    fig, axes = panels(tasks, 4, 3.6)
+    for ax, task in zip(axes, tasks):
+        steps = per_task[task]
         xs = list(steps)
         ax.fill_between(xs, [min(v) for v in steps.values()], [max(v) for v in steps.values()], alpha=0.25)
         ax.plot(xs, [sum(v) / len(v) for v in steps.values()], "-o", label=f"mean of {len(runs)} seeds")
         for i in range(len(runs)):
             ax.plot(xs, [v[i] for v in steps.values()], ".", color="grey", alpha=0.6)
-        ax.set_title(task)
-        ax.set_xlabel("GRPO rollout")
-        ax.set_ylim(0, 1)
-        ax.grid(alpha=0.3)
-    fig.axes[0].set_ylabel(f"greedy accuracy ({args.set})")
-    fig.axes[0].legend(fontsize="small")
-    fig.savefig(args.out, dpi=90)
-    print(args.out)
+    save(fig, args.set, args.out, "small")
 
 
 if __name__ == "__main__":

@@ -133,7 +133,6 @@ class FreshnessGuard:
         self.previous: list[ProbeAnswer] | None = None  # the answers of the last check that passed
         # the trainer's next-token distributions [prompts, vocab] at the last check that passed (one-token probe)
         self.previous_dist = None
-        self.dist = None  # those of the check in progress
         self.engine_version: int | None = None  # the version the engine reported at the last probe
         self.noise = NOISE_FLOOR  # the engine-trainer gap of the last probe: how far the two differ when in sync
         self.failures = 0
@@ -146,13 +145,13 @@ class FreshnessGuard:
         """Probe the engine behind ``rollout`` (just pushed ``version``) against ``trainer``;
         returns the guard's metrics, raises ``PolicyStale`` on a failed push in ``stop`` mode."""
         t0 = time.perf_counter()
-        answers = self.probe(rollout, trainer)
+        answers, dist = self.probe(rollout, trainer)
         problems = self.problems(answers, version)
         self.engine_version = min(a.version for a in answers)
         gaps = token_gaps(answers)
         if not problems:  # the reference for the next check: the last push known to be in sync
             self.previous, self.noise = answers, max(statistics.fmean(gaps) if gaps else 0.0, NOISE_FLOOR)
-            self.previous_dist = self.dist
+            self.previous_dist = dist
         metrics = {"rollout/policy_version_lag": float(version - self.engine_version),
                    "rollout/policy_freshness_gap": statistics.fmean(gaps) if gaps else 0.0,
                    "rollout/policy_freshness_gap_max": max(gaps, default=0.0)}
@@ -165,21 +164,24 @@ class FreshnessGuard:
         return metrics | {"rollout/policy_freshness_failures": float(self.failures),
                           "perf/policy_freshness_time": time.perf_counter() - t0}
 
-    def probe(self, rollout, trainer) -> list[ProbeAnswer]:
+    def probe(self, rollout, trainer):
+        """The engine's answers with the trainer's log-probs of them, and the trainer's next-token
+        distributions ``[prompts, vocab]`` (the one-token probe; else None)."""
         if self.concurrent:  # the trainer's side needs nothing of the engine's: both at once
             with ThreadPoolExecutor(1, thread_name_prefix="freshness-probe") as pool:
                 asked = pool.submit(rollout.probe, self.prompts, 1, self.temperature, PROBE_SEED)
-                self.dist = trainer.probe_next_log_probs(self.prompts)
+                dist = trainer.probe_next_log_probs(self.prompts)
                 results = self.answered(asked.result())
 
-            def picked(dist, i: int) -> list[float] | None:
-                return None if dist is None else [float(dist[i, t]) for t in results[i].token_ids]
+            def picked(d, i: int) -> list[float] | None:
+                return None if d is None else [float(d[i, t]) for t in results[i].token_ids]
 
-            return [ProbeAnswer(list(r.token_ids), list(r.log_probs), picked(self.dist, i), r.weight_version,
-                                before=picked(self.previous_dist, i)) for i, r in enumerate(results)]
+            return [ProbeAnswer(list(r.token_ids), list(r.log_probs), picked(dist, i), r.weight_version,
+                                before=picked(self.previous_dist, i)) for i, r in enumerate(results)], dist
         results = self.answered(rollout.probe(self.prompts, self.probe_tokens, self.temperature, PROBE_SEED))
         scored = trainer.probe_log_probs([(p, r.token_ids, r.routed_experts) for p, r in zip(self.prompts, results)])
-        return [ProbeAnswer(list(r.token_ids), list(r.log_probs), lp, r.weight_version) for r, lp in zip(results, scored)]
+        return [ProbeAnswer(list(r.token_ids), list(r.log_probs), lp, r.weight_version)
+                for r, lp in zip(results, scored)], None
 
     def answered(self, results: list) -> list:
         """``results``, unless one of them is an engine error (then ``PolicyStale``)."""
