@@ -133,6 +133,30 @@ def test_cli_checks_of_specs(tmp_path):
     assert values["num_rollout"] == 20  # an epoch is the spec's size
 
 
+def test_the_recipe_evaluates_whatever_mix_prompt_data_names(tmp_path):
+    """The recipe's eval set is ``reasoning_gym:?split=val&size=96``: the training mix's tasks, so
+    changing ``--prompt-data`` alone changes what is evaluated."""
+    from rlvr.core.errors import ConfigError
+    from rlvr.runtime.build import read_eval_sets
+    from rlvr.runtime.configure import merged_values, make_parser, parse_config
+
+    recipe = ["--config", "examples/reasoning_gym/grpo.yaml"]
+    values = merged_values(make_parser().parse_args(recipe))
+    assert values["eval_prompt_data"] == ["val", "reasoning_gym:examples/reasoning_gym/mix.yaml?split=val&size=96"]
+    mix = tmp_path / "other.yaml"
+    mix.write_text("seed: 5\ntasks:\n  gcd: {level: 0}\n  lcm: {level: 0}\n")
+    cfg = parse_config(recipe + ["--prompt-data", f"reasoning_gym:{mix}", "--eval-prompt-data", "val",
+                                 "reasoning_gym:?split=val&size=6"])
+    records = read_eval_sets(cfg)["val"]
+    assert sorted(r.metadata["task"] for r in records) == ["gcd"] * 3 + ["lcm"] * 3
+    named = read_eval_sets(parse_config(recipe + ["--prompt-data", f"reasoning_gym:{mix}", "--eval-prompt-data",
+                                                  "val", f"reasoning_gym:{mix}?split=val&size=6"]))["val"]
+    assert [r.prompt for r in records] == [r.prompt for r in named]  # the same questions as naming the file
+    with pytest.raises(ConfigError, match="--eval-prompt-data: .*takes them from --prompt-data.*name the tasks"):
+        merged_values(make_parser().parse_args(["--prompt-data", "data.jsonl", "--eval-prompt-data",
+                                                "reasoning_gym:?split=val"]))
+
+
 def test_small_task_space_fails_with_the_task_named():
     with pytest.raises(DataError, match="task products: only .* distinct val questions"):
         held_out_records(_level0("products", "val", 40))

@@ -33,7 +33,7 @@ from collections import deque
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlencode
 
 import yaml
 
@@ -55,6 +55,27 @@ UNSCORABLE = frozenset({"boxnet", "graph_color", "propositional_logic", "rubiks_
 def is_spec(text: str | None) -> bool:
     """Whether a ``--prompt-data`` / ``--eval-prompt-data`` value is a reasoning-gym spec."""
     return isinstance(text, str) and text.startswith(PREFIX)
+
+
+def on_training_mix(spec: str, training: str | None) -> str:
+    """An eval spec with no tasks (``reasoning_gym:?split=val&size=96``) names the training mix:
+    ``training``'s tasks and query keys, its own keys over them; any other spec is returned as is.
+    So a recipe's eval sets follow whatever mix ``--prompt-data`` gives it.
+
+    >>> on_training_mix("reasoning_gym:?split=val&size=8", "reasoning_gym:chain_sum,products=2?seed=3")
+    'reasoning_gym:chain_sum,products=2?seed=3&split=val&size=8'
+    >>> on_training_mix("reasoning_gym:gcd?split=test", "reasoning_gym:chain_sum")
+    'reasoning_gym:gcd?split=test'
+    """
+    if not is_spec(spec) or spec[len(PREFIX):].partition("?")[0].strip():
+        return spec
+    if not is_spec(training):
+        raise DataError(spec, None, f"a spec without tasks takes them from --prompt-data, which is {training!r}, "
+                                    "not a reasoning_gym: spec; name the tasks")
+    body, _, query = training[len(PREFIX):].partition("?")
+    keys = dict(parse_qsl(query, keep_blank_values=True)) | dict(
+        parse_qsl(spec.partition("?")[2], keep_blank_values=True))
+    return PREFIX + body + ("?" + urlencode(keys, safe=",/:") if keys else "")
 
 
 def rg():

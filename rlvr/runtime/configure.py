@@ -158,7 +158,20 @@ def merged_values(ns: argparse.Namespace) -> dict[str, Any]:
     ``--num-epoch`` turned into ``--num-rollout``."""
     values = given_values(ns)
     _num_rollout_from_epochs(values)
+    _eval_specs_on_training_mix(values)
     return values
+
+
+def _eval_specs_on_training_mix(values: dict[str, Any]) -> None:
+    """An ``--eval-prompt-data`` spec without tasks (``reasoning_gym:?split=val``) takes the
+    tasks of ``--prompt-data`` (``reasoning_gym.on_training_mix``)."""
+    if not values.get("eval_prompt_data"):
+        return
+    try:
+        values["eval_prompt_data"] = [reasoning_gym.on_training_mix(v, values.get("prompt_data"))
+                                      for v in values["eval_prompt_data"]]
+    except DataError as e:
+        raise ConfigError("--eval-prompt-data", str(e)) from None
 
 
 def _num_rollout_from_epochs(values: dict[str, Any]) -> None:
