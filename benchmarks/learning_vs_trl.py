@@ -45,7 +45,7 @@ prints a table (and one per family for reasoning-gym), writes ``docs/learning_vs
     python benchmarks/learning_vs_trl.py [--budget 240] [--mark-every 30]
     python benchmarks/learning_vs_trl.py --recipe examples/smollm2/grpo.yaml --budget 300 --mark-every 60 --threads 2
     python benchmarks/learning_vs_trl.py --seeds 1 2 3 4 5 --concurrent    # five seeds per side
-    python benchmarks/learning_vs_trl.py --recipe examples/reasoning_gym/grpo.yaml --budget 360 --mark-every 90 \
+    python benchmarks/learning_vs_trl.py --recipe examples/reasoning_gym/grpo.yaml --budget 300 --mark-every 75 \
         --seeds 1 2 3 4 5 --concurrent --eval-workers 2
 """
 
