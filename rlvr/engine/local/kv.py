@@ -20,8 +20,10 @@ Simplification: no rolling buffer, so a sliding-window layer's cache grows like 
 Budget (``--sglang-mem-fraction-static``): ``footprint`` is what a batch of rows is charged --
 rows x the widest row's columns (left padding makes every row as wide as the widest) x the bytes
 one cached token takes in every layer (``bytes_per_token``, measured on the model), x 2 because a
-``GrowingLayer`` buffer may be up to twice its contents after doubling. The transient copy of a
-``select``/``concat`` is not charged.
+``GrowingLayer`` buffer may be up to twice its contents after doubling. ``select`` and ``concat``
+consume their inputs: each layer of the result is written straight into its buffer and the input's
+layer is released before the next, so rebuilding a cache costs one layer's copy beside it, not a
+second cache (measured in tests/test_engine.py), and the charge holds while rows join and leave.
 """
 
 from __future__ import annotations
@@ -38,14 +40,13 @@ SPARE_COLUMNS = 64  # columns reserved ahead; the buffer doubles when they run o
 
 
 class GrowingLayer(DynamicLayer):
-    """A ``DynamicLayer`` whose ``update`` writes into preallocated columns."""
+    """A ``DynamicLayer`` whose ``update`` writes into preallocated columns: buffers
+    [B, H, columns, D] whose first ``length`` columns hold the cache."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, spare: int = SPARE_COLUMNS):
+    def __init__(self, keys_buffer: torch.Tensor, values_buffer: torch.Tensor, length: int):
         super().__init__()
-        self.length = keys.shape[2]
-        self._k = _with_room(keys, self.length + spare)
-        self._v = _with_room(values, self.length + spare)
-        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+        self.length, self._k, self._v = length, keys_buffer, values_buffer
+        self.dtype, self.device, self.is_initialized = keys_buffer.dtype, keys_buffer.device, True
         self._views()
 
     def _views(self) -> None:
@@ -84,11 +85,18 @@ def cache_arg(model: torch.nn.Module, cache: DynamicCache) -> dict[str, DynamicC
 _CACHE_ARG: dict[type, str] = {}
 
 
-def make_cache(data: list[tuple[torch.Tensor, torch.Tensor]], spare: int = SPARE_COLUMNS) -> DynamicCache:
+def _cache(grown: list[GrowingLayer]) -> DynamicCache:
     cache = DynamicCache()
-    cache.layers = [GrowingLayer(k, v, spare) for k, v in data]
+    cache.layers = grown
     cache.layer_class_to_replicate = None
     return cache
+
+
+def _consume(cache: DynamicCache, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer ``i``'s keys and values, the layer released from ``cache`` (a cache whose layers were
+    all consumed fails at its next use instead of running without them)."""
+    layer, cache.layers[i] = cache.layers[i], None
+    return layer.keys, layer.values
 
 
 BUFFER_SLACK = 2  # a GrowingLayer buffer holds at most twice its columns
@@ -143,34 +151,47 @@ def layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def select(batch: KVBatch, keep: torch.Tensor, spare: int = SPARE_COLUMNS) -> KVBatch:
     """Only the rows at ``keep`` (indices [K]), in that order; repeats allowed (group fan-out).
-    Leading columns no kept row uses are dropped."""
+    Leading columns no kept row uses are dropped. Consumes ``batch``'s cache, layer by layer."""
     mask = batch.mask[keep]
     used = mask.any(0)
     start = int(used.float().argmax()) if bool(used.any()) else mask.shape[1]
-    data = [(k[keep, :, start:], v[keep, :, start:]) for k, v in layers(batch.cache)]
-    return KVBatch(make_cache(data, spare), mask[:, start:], batch.next_pos[keep], batch.last[keep])
+    width = mask.shape[1] - start
+    grown = []
+    for i in range(len(batch.cache.layers)):
+        buffers = []
+        for t in _consume(batch.cache, i):
+            buffer = t.new_empty(len(keep), t.shape[1], width + spare, t.shape[3])
+            buffer[:, :, :width] = t[keep, :, start:]
+            buffers.append(buffer)
+        del t
+        grown.append(GrowingLayer(*buffers, width))
+    return KVBatch(_cache(grown), mask[:, start:], batch.next_pos[keep], batch.last[keep])
 
 
 def concat(a: KVBatch | None, b: KVBatch, spare: int = SPARE_COLUMNS) -> KVBatch:
-    """Rows of ``a`` then rows of ``b``; the narrower is left-padded with masked zeros."""
+    """Rows of ``a`` then rows of ``b``; the narrower is left-padded with masked zeros. Consumes
+    both caches, layer by layer."""
     if a is None or len(a) == 0:
         return b
+    if len(a.cache.layers) != len(b.cache.layers):
+        raise ValueError(f"concat: caches of {len(a.cache.layers)} and {len(b.cache.layers)} layers")
     wa, wb = a.mask.shape[1], b.mask.shape[1]
-    w = max(wa, wb)
-
-    def pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-        if width == w:
-            return t
-        spec = [0, 0] * (t.dim() - 1 - dim) + [w - width, 0]  # F.pad counts dims from the last
-        return F.pad(t, spec)
-
-    data = [
-        (torch.cat([pad(ka, wa, 2), pad(kb, wb, 2)]), torch.cat([pad(va, wa, 2), pad(vb, wb, 2)]))
-        for (ka, va), (kb, vb) in zip(layers(a.cache), layers(b.cache), strict=True)
-    ]
+    w, na = max(wa, wb), len(a)
+    grown = []
+    for i in range(len(a.cache.layers)):
+        buffers = []
+        for ta, tb in zip(_consume(a.cache, i), _consume(b.cache, i)):
+            buffer = ta.new_empty(na + len(b), ta.shape[1], w + spare, ta.shape[3])
+            buffer[:na, :, : w - wa] = 0
+            buffer[:na, :, w - wa : w] = ta
+            buffer[na:, :, : w - wb] = 0
+            buffer[na:, :, w - wb : w] = tb
+            buffers.append(buffer)
+        del ta, tb
+        grown.append(GrowingLayer(*buffers, w))
     return KVBatch(
-        make_cache(data, spare),
-        torch.cat([pad(a.mask, wa, 1), pad(b.mask, wb, 1)]),
+        _cache(grown),
+        torch.cat([F.pad(a.mask, [w - wa, 0]), F.pad(b.mask, [w - wb, 0])]),
         torch.cat([a.next_pos, b.next_pos]),
         torch.cat([a.last, b.last]),
     )
