@@ -358,3 +358,44 @@ def test_curriculum_levels_survive_sigkill_and_load(tiny_qwen2, tmp_path):
         return torch.load(run / "ckpt" / "rollout_000005" / "run_state.pt", weights_only=False)["data_source"]
 
     assert state(whole) == state(cut)
+
+
+_DIGESTS = r"""
+import hashlib, json, sys
+from rlvr.data.reasoning_gym import task_dataset
+out = {}
+for task, level in json.loads(sys.argv[1]):
+    ds = task_dataset(task, "{}", level, 1234, 8)
+    text = json.dumps([(ds[i]["question"], str(ds[i]["answer"])) for i in range(8)])
+    out[f"{task}@{level}"] = hashlib.sha256(text.encode()).hexdigest()
+print(json.dumps(out))
+"""
+
+
+def test_hash_seeded_tasks_need_a_fixed_hash_seed(monkeypatch):
+    """The tasks of ``HASH_SEEDED`` generate other questions from the same generator seed under another
+    string hash seed (two processes, PYTHONHASHSEED 1 and 2), the recipe's families do not; a spec
+    naming one of them is refused, before any model loads, unless PYTHONHASHSEED is fixed."""
+    import os
+    import subprocess
+
+    from rlvr.data.reasoning_gym import HASH_SEEDED
+
+    probes = [[t, 0 if t == "codeio" else None] for t in sorted(HASH_SEEDED)]
+    probes += [[t, 0] for t in ("chain_sum", "products", "letter_counting", "basic_arithmetic")]
+    digests = []
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        run = subprocess.run([sys.executable, "-c", _DIGESTS, json.dumps(probes)], capture_output=True, text=True,
+                             env=env, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+        digests.append(json.loads(run.stdout.strip().splitlines()[-1]))
+    differ = {key.split("@")[0] for key in digests[0] if digests[0][key] != digests[1][key]}
+    assert differ == set(HASH_SEEDED)
+
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    with pytest.raises(DataError, match="task ransom_note: its questions depend on Python's string hash seed.*"
+                                        "PYTHONHASHSEED=0"):
+        parse_spec("reasoning_gym:chain_sum,ransom_note")
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    assert [t.name for t in parse_spec("reasoning_gym:chain_sum,ransom_note").tasks] == ["chain_sum", "ransom_note"]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import random
 from collections import deque
 from dataclasses import dataclass, field, fields
@@ -50,6 +51,12 @@ TAG_INSTRUCTION = ("Think about the problem step by step, then give your final a
 # Tasks whose generators cannot score their own stored answer (score_answer(answer, entry) < 1),
 # measured on reasoning-gym 0.1.25; tests/test_reasoning_gym.py re-measures every task.
 UNSCORABLE = frozenset({"boxnet", "graph_color", "propositional_logic", "rubiks_cube", "rush_hour"})
+# Tasks whose generated questions depend on Python's string hash seed (they iterate over sets of
+# strings), so one generator seed gives other questions in another process: found by generating
+# every task's first 8 entries under PYTHONHASHSEED=1 and =2 (reasoning-gym 0.1.25; codeio only at
+# curriculum level 0). tests/test_reasoning_gym.py checks each of them, and the recipe's families.
+HASH_SEEDED = frozenset({"codeio", "isomorphic_strings", "knight_swap", "polynomial_multiplication", "ransom_note",
+                         "word_ladder"})
 
 
 def is_spec(text: str | None) -> bool:
@@ -221,6 +228,11 @@ def check_task(text: str, t: TaskSpec, curriculum: bool) -> None:
     if t.name in UNSCORABLE:
         raise DataError(text, None, f"task {t.name!r} cannot verify its own answers (its score_answer gives "
                                     "its stored answer < 1): it cannot be a reward")
+    if t.name in HASH_SEEDED and os.environ.get("PYTHONHASHSEED", "random") in ("", "random"):
+        raise DataError(text, None, f"task {t.name}: its questions depend on Python's string hash seed, which differs "
+                                    "from process to process, so the training stream, the held-out sets and the "
+                                    "reward's rebuilt entries would not agree between runs or processes; run with "
+                                    "PYTHONHASHSEED=0 (any fixed value) in the environment")
     config_fields = {f.name for f in fields(DATASETS[t.name][1])} - {"seed", "size"}
     for key in t.config:
         if key not in config_fields:
