@@ -51,8 +51,9 @@ TAG_INSTRUCTION = ("Think about the problem step by step, then give your final a
 # Tasks whose generators cannot score their own stored answer (score_answer(answer, entry) < 1),
 # measured on reasoning-gym 0.1.25; tests/test_reasoning_gym.py re-measures every task.
 UNSCORABLE = frozenset({"boxnet", "graph_color", "propositional_logic", "rubiks_cube", "rush_hour"})
-# Tasks whose generated questions depend on Python's string hash seed (they iterate over sets of
-# strings), so one generator seed gives other questions in another process: found by generating
+# Tasks whose generated questions depend on Python's string hash seed (ransom_note and
+# isomorphic_strings draw with rng.choice from list(a set of letters), whose order follows that
+# seed), so one generator seed gives other questions in another process: found by generating
 # every task's first 8 entries under PYTHONHASHSEED=1 and =2 (reasoning-gym 0.1.25; codeio only at
 # curriculum level 0). tests/test_reasoning_gym.py checks each of them, and the recipe's families.
 HASH_SEEDED = frozenset({"codeio", "isomorphic_strings", "knight_swap", "polynomial_multiplication", "ransom_note",
