@@ -280,8 +280,10 @@ def test_a_tool_that_raises_in_its_worker_is_an_observation():
 
     tools, workers = {f.__name__: f for f in TOOLS}, ProcessTools()
 
-    async def run(text):  # boom's first call imports this module (torch, rlvr) in a fresh worker:
-        return await run_tool(tools, parse_tool_calls(text)[0], 60.0, workers)  # seconds on a busy machine
+    # 60 s: boom's first call imports this module (torch, rlvr) in a fresh worker, which takes
+    # seconds on a busy machine and counts against the tool's timeout.
+    async def run(text):
+        return await run_tool(tools, parse_tool_calls(text)[0], 60.0, workers)
 
     try:
         assert asyncio.run(run('<tool_call>{"name": "multiply", "arguments": {"a": 6, "b": 7}}</tool_call>')) == ("42", True)
