@@ -81,8 +81,9 @@ smollm2: $(SMOLLM2)/config.json
 demo: setup smollm2
 	$(VENV)/bin/rlvr demo
 
-# The vLLM venv is built while the main suite runs (its install is mostly waiting on disk: ~80 s of
-# CPU in ~280 s), then the vLLM tests run in it; a failed build fails the target with its log.
+# The vLLM venv is built beside the dev install and the main suite (its install is mostly waiting
+# on disk: ~80 s of CPU in ~280 s), then the vLLM tests run in it; a failed build fails the target
+# with its log.
 VLLM_LOG = .cache/vllm-build.log
 ENVS_LOG = .cache/envs-build.log
 ENVS_TESTS_LOG = .cache/envs-tests.log
