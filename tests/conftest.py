@@ -100,10 +100,11 @@ def ray_cluster(request):
     """A local Ray cluster for the module's tests, shut down after them: the module's
     ``RAY_NUM_CPUS`` CPUs (default 5: 2 training ranks + 2 engines, and slack)."""
     ray = pytest.importorskip("ray")
-    from rlvr.distributed.placement import ACTOR_ENV
+    from rlvr.distributed.placement import ACTOR_ENV, LOCAL_RAY_SYSTEM_CONFIG
 
     ray.init(num_cpus=getattr(request.module, "RAY_NUM_CPUS", 5), include_dashboard=False,
-             runtime_env={"env_vars": dict(ACTOR_ENV)}, log_to_driver=False)
+             runtime_env={"env_vars": dict(ACTOR_ENV)}, log_to_driver=False,
+             _system_config=dict(LOCAL_RAY_SYSTEM_CONFIG))
     yield
     ray.shutdown()
 

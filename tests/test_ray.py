@@ -251,3 +251,25 @@ def test_weight_checksum_is_bit_exact():
     w2 = dict(w, a=w["a"].clone())
     w2["a"][1, 2] = torch.nextafter(w2["a"][1, 2], torch.tensor(1e9))
     assert checksum(w) != checksum(w2)
+
+
+def test_a_local_cluster_runs_its_actors_at_the_drivers_priority(tiny_qwen2, arith_files, tmp_path):
+    """The cluster ``rlvr.distributed.placement.start`` starts (in a fresh process: this module's
+    Ray is already up) runs its workers at niceness 0, not at Ray's default of 15, at which any
+    other busy process on the machine takes the CPU from the trainer and the engines."""
+    import subprocess
+    import sys
+
+    code = ("import os, sys, ray\n"
+            "from rlvr.runtime.configure import parse_config\n"
+            "from rlvr.distributed.placement import plan, start\n"
+            "cfg = parse_config(sys.argv[1:])\n"
+            "assert start(cfg.cluster, plan(cfg.cluster, 1)), 'start did not start a local cluster'\n"
+            "niceness = ray.get(ray.remote(lambda: os.nice(0)).remote())\n"
+            "ray.shutdown()\n"
+            "print('worker niceness', niceness)\n")
+    argv = ray_args(tiny_qwen2, *arith_files, tmp_path / "run")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1] == f"worker niceness {os.nice(0)}"

@@ -22,11 +22,12 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="module")
 def logical_gpus():
-    from rlvr.distributed.placement import ACTOR_ENV
+    from rlvr.distributed.placement import ACTOR_ENV, LOCAL_RAY_SYSTEM_CONFIG
 
     os.environ[LOGICAL_GPUS_ENV] = "4"
     ray.init(num_cpus=6, num_gpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": dict(ACTOR_ENV) | {LOGICAL_GPUS_ENV: "4"}})
+             runtime_env={"env_vars": dict(ACTOR_ENV) | {LOGICAL_GPUS_ENV: "4"}},
+             _system_config=dict(LOCAL_RAY_SYSTEM_CONFIG))
     yield
     ray.shutdown()
     del os.environ[LOGICAL_GPUS_ENV]

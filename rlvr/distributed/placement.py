@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 # would otherwise fight over the cores), the driver's working directory for relative paths.
 ACTOR_ENV = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TOKENIZERS_PARALLELISM": "false",
              "OMP_NUM_THREADS": "1"}
+# System settings of a local cluster rlvr starts. Ray starts its workers at niceness 15, below the
+# driver; here the actors (trainer ranks, engines) do the run's work, so they keep the driver's
+# priority instead of yielding the CPU to every other process on a shared machine.
+LOCAL_RAY_SYSTEM_CONFIG = {"worker_niceness": 0}
 
 
 @dataclass(frozen=True)
@@ -137,7 +141,8 @@ def start(cluster: ClusterConfig, p: Plan) -> bool:
         check_cluster_gpus(cluster, p)
     else:
         gpus = {"num_gpus": logical_gpus()} if logical_gpus() is not None else {}
-        ray.init(num_cpus=int(p.num_cpus) + 1, runtime_env=env, include_dashboard=False, log_to_driver=True, **gpus)
+        ray.init(num_cpus=int(p.num_cpus) + 1, runtime_env=env, include_dashboard=False, log_to_driver=True,
+                 _system_config=dict(LOCAL_RAY_SYSTEM_CONFIG), **gpus)
     return True
 
 
