@@ -255,8 +255,8 @@ def test_weight_checksum_is_bit_exact():
 
 def test_a_local_cluster_runs_its_actors_at_the_drivers_priority(tiny_qwen2, arith_files, tmp_path):
     """The cluster ``rlvr.distributed.placement.start`` starts (in a fresh process: this module's
-    Ray is already up) runs its workers at niceness 0, not at Ray's default of 15, at which any
-    other busy process on the machine takes the CPU from the trainer and the engines."""
+    Ray is already up) runs its workers at the driver's niceness, not 15 above it (Ray's default),
+    at which any other busy process on the machine takes the CPU from the trainer and the engines."""
     import subprocess
     import sys
 
