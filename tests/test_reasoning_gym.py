@@ -15,7 +15,7 @@ from reasoning_gym.factory import DATASETS  # noqa: E402
 
 from rlvr.core.errors import DataError  # noqa: E402
 from rlvr.core.types import Sample, Status  # noqa: E402
-from rlvr.data.reasoning_gym import (UNSCORABLE, TaskStream, entry_at, generator_seed, held_out_records,  # noqa: E402
+from rlvr.data.reasoning_gym import (FALSE_CREDIT, UNSCORABLE, TaskStream, entry_at, generator_seed, held_out_records,  # noqa: E402
                                      parse_spec, split_of, task_dataset)
 from rlvr.rewards import grade, score  # noqa: E402
 from rlvr.rewards.reasoning_gym import final_answer, reasoning_gym_reward  # noqa: E402
@@ -50,6 +50,7 @@ def test_spec_errors_name_the_task_and_the_field(tmp_path):
     cases = {
         "reasoning_gym:chainsum": "unknown reasoning-gym task 'chainsum'; similar: ['chain_sum'",
         "reasoning_gym:rush_hour": "task 'rush_hour' cannot verify its own answers",
+        "reasoning_gym:game_of_life_halting": "task 'game_of_life_halting' gives wrong answers full marks",
         "reasoning_gym:chain_sum?colour=red": "unknown spec key(s) ['colour']",
         "reasoning_gym:chain_sum?split=dev": "split must be one of",
         "reasoning_gym:chain_sum=heavy": "weight of chain_sum must be a number",
@@ -173,8 +174,11 @@ def test_reward_equals_score_answer_on_extracted_answers_for_every_task():
     """For every task that scores its own answers: the reward of a reply equals the task's own
     ``score_answer`` on the answer read from it (the stored answer in tags, stated, and a wrong
     one); the stored answer in tags scores 1. The five tasks that cannot score their own stored
-    answer are exactly ``UNSCORABLE``."""
-    unscorable = set()
+    answer are exactly ``UNSCORABLE``, and the tasks whose ``score_answer`` gives a wrong answer
+    (a number no task asks for, or the opposite True/False or Yes/No) full marks are exactly
+    ``FALSE_CREDIT``."""
+    unscorable, false_credit = set(), set()
+    opposite = {"True": "False", "False": "True", "Yes": "No", "No": "Yes"}
     for task in sorted(set(DATASETS) - {"composite"}):
         ds = task_dataset(task, "{}", None, generator_seed(0, "test", task, None, 0), 4)
         entry, locator = ds[0], {"task": task, "config": {}, "level": None, "seed": ds.seed, "size": 4, "index": 0}
@@ -182,6 +186,9 @@ def test_reward_equals_score_answer_on_extracted_answers_for_every_task():
             unscorable.add(task)
             continue
         answer = str(entry["answer"])
+        if any(ds.score_answer(wrong, entry) >= 1.0 for wrong in ("123456789", opposite.get(answer.strip()))
+               if wrong is not None and wrong != answer):
+            false_credit.add(task)
         for reply in (f"<answer>{answer}</answer>", f"The answer is {answer}.", "The answer is 123456789."):
             s = Sample("", [], label=answer, metadata={"reasoning_gym": locator}, response=reply)
             expected = ds.score_answer(final_answer(reply, answer), entry_at(locator))
@@ -189,6 +196,7 @@ def test_reward_equals_score_answer_on_extracted_answers_for_every_task():
         tagged = Sample("", [], label=answer, metadata={"reasoning_gym": locator}, response=f"<answer>{answer}</answer>")
         assert reasoning_gym_reward(tagged) == 1.0, task
     assert unscorable == UNSCORABLE
+    assert false_credit == FALSE_CREDIT
 
 
 def test_extraction_on_real_smollm2_replies():

@@ -51,6 +51,11 @@ TAG_INSTRUCTION = ("Think about the problem step by step, then give your final a
 # Tasks whose generators cannot score their own stored answer (score_answer(answer, entry) < 1),
 # measured on reasoning-gym 0.1.25; tests/test_reasoning_gym.py re-measures every task.
 UNSCORABLE = frozenset({"boxnet", "graph_color", "propositional_logic", "rubiks_cube", "rush_hour"})
+# Tasks whose score_answer gives a wrong answer full marks: game_of_life_halting compares
+# bool(answer) with bool(stored answer), and both are non-empty strings, so any non-empty reply
+# scores 1. Measured on reasoning-gym 0.1.25 with "123456789" and the opposite True/False or Yes/No;
+# tests/test_reasoning_gym.py re-measures every task.
+FALSE_CREDIT = frozenset({"game_of_life_halting"})
 # Tasks whose generated questions depend on Python's string hash seed (ransom_note and
 # isomorphic_strings draw with rng.choice from list(a set of letters), whose order follows that
 # seed), so one generator seed gives other questions in another process: found by generating
@@ -215,7 +220,7 @@ def _curriculum_of(text: str, body: Any) -> CurriculumSpec:
 
 
 def check_task(text: str, t: TaskSpec, curriculum: bool) -> None:
-    """An unknown task, a task that cannot verify its own answers, a configuration field the task
+    """An unknown task, a task that cannot verify its own answers or credits wrong ones, a configuration field the task
     does not have (or that the curriculum sets), or a configuration its generator refuses: one
     ``DataError`` naming the task and the field."""
     rg()  # a missing package is one clear error, before anything imports from it
@@ -229,6 +234,9 @@ def check_task(text: str, t: TaskSpec, curriculum: bool) -> None:
     if t.name in UNSCORABLE:
         raise DataError(text, None, f"task {t.name!r} cannot verify its own answers (its score_answer gives "
                                     "its stored answer < 1): it cannot be a reward")
+    if t.name in FALSE_CREDIT:
+        raise DataError(text, None, f"task {t.name!r} gives wrong answers full marks (its score_answer scores any "
+                                    "non-empty answer 1): it cannot be a reward")
     if t.name in HASH_SEEDED and os.environ.get("PYTHONHASHSEED", "random") in ("", "random"):
         raise DataError(text, None, f"task {t.name}: its questions depend on Python's string hash seed, which differs "
                                     "from process to process, so the training stream, the held-out sets and the "
