@@ -114,6 +114,25 @@ def _load(port: int) -> dict:
     return load
 
 
+def test_client_keeps_only_the_newest_weights_on_disk(server, local, tiny_qwen2, tmp_path):
+    """``HttpEngine.update_weights``: after every server loaded a version, the older folders are
+    gone (one model on disk, however many rollouts); ``close`` deletes the last, and the folder
+    when the client made it, but never a ``weights_dir`` the caller gave."""
+    _, model = local
+    weights = dict(model.named_parameters())  # as the trainer sends them: a tied head once
+    try:
+        for given in (None, tmp_path / "given"):
+            engine = HttpEngine([f"127.0.0.1:{server}"], timeout=60, weights_dir=given and str(given))
+            for version in (1, 2, 3):
+                engine.update_weights(weights, version)
+                assert [p.name for p in engine.weights_dir.iterdir()] == [f"v{version}"]
+            engine.close()
+            assert engine.weights_dir.exists() == (given is not None)
+            assert given is None or list(given.iterdir()) == []
+    finally:
+        post(server, "/update_weights_from_disk", {"model_path": str(tiny_qwen2), "weight_version": 0})
+
+
 def test_abort_request_returns_the_tokens_so_far(server, local):
     tok, _ = local
     prompt = tok("1+1=", add_special_tokens=False)["input_ids"]
@@ -201,16 +220,18 @@ def test_rlvr_train_samples_on_an_external_server(server, tiny_qwen2, arith_file
     # the tiny model's rollouts may have no reward variance at all: run every sample's forward, whose numbers this checks
     monkeypatch.setenv(RUN_SILENT_ENV, "1")
     train, _ = arith_files
-    out = tmp_path / "run"
+    out, tmp = tmp_path / "run", tmp_path / "tmp"
+    tmp.mkdir()
     r = subprocess.run(
         [sys.executable, "-m", "rlvr", "train", "--hf-checkpoint", str(tiny_qwen2), "--prompt-data", str(train),
          "--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "6",
          "--num-rollout", "2", "--lr", "1e-3", "--rollout-external-engine-addrs", f"127.0.0.1:{server}",
          "--device", "cpu", "--use-tis", "--tis-mode", "icepop", "--output-dir", str(out)],
-        capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"),
+        capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp)),
     )
     try:
         assert r.returncode == 0, r.stderr[-3000:]
+        assert list(tmp.glob("rlvr-weights-*")) == []  # the weights pushed to the server, deleted at the end
         records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         rollouts = [x for x in records if "rollout/step" in x]
         trains = [x for x in records if "train/step" in x]

@@ -14,7 +14,10 @@ Control calls go to every address: ``abort`` -> ``/abort_request``, ``health`` -
 (true while at least one server answers), ``sleep``/``wake`` -> ``/release_memory_occupation``
 / ``/resume_memory_occupation``. ``update_weights`` writes the tensors as one safetensors file
 under ``weights_dir`` and asks every server to ``/update_weights_from_disk`` it — so the servers
-must see that directory (same machine or shared filesystem), as with SGLang's disk path.
+must see that directory (same machine or shared filesystem), as with SGLang's disk path. Once
+every server has loaded a version, the older ones this client wrote are deleted (one model's
+weights on disk, not one a rollout), and ``close`` deletes the last; a ``weights_dir`` the client
+made itself goes with it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import shutil
 import tempfile
 import uuid
 from pathlib import Path
@@ -51,6 +55,8 @@ class HttpEngine(Engine):
         self.served = {u: 0 for u in self.urls}  # answers per server (observability, tests)
         self.failures = 0  # attempts that failed and were retried or given up
         self.weights_dir = Path(weights_dir or tempfile.mkdtemp(prefix="rlvr-weights-"))
+        self._own_weights_dir = weights_dir is None
+        self._written: list[Path] = []  # version folders written here and not yet deleted
         self.affinity = Affinity()  # session -> url: the turns of one multi-turn sample go to one server
         self._version = 0
         self.routed_experts_top_k = routed_experts_top_k  # R3: ask for routed experts (top-k per position)
@@ -114,6 +120,7 @@ class HttpEngine(Engine):
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in items}
         path = self.weights_dir / f"v{version}"
         path.mkdir(parents=True, exist_ok=True)
+        self._written = [p for p in self._written if p != path] + [path]
         save_file(tensors, str(path / "model.safetensors"))
         for url in self.urls:
             out = self._post(url, "/update_weights_from_disk", {"model_path": str(path), "weight_version": version},
@@ -121,6 +128,17 @@ class HttpEngine(Engine):
             if not out.get("success"):
                 raise RuntimeError(f"{url}/update_weights_from_disk: {out.get('message')}")
         self._version = version
+        for old in self._written[:-1]:  # every server has loaded ``path``
+            shutil.rmtree(old, ignore_errors=True)
+        self._written = [path]
+
+    def close(self) -> None:
+        """Delete the weights this client wrote (and ``weights_dir`` when it made it)."""
+        for path in self._written:
+            shutil.rmtree(path, ignore_errors=True)
+        self._written = []
+        if self._own_weights_dir:
+            shutil.rmtree(self.weights_dir, ignore_errors=True)
 
     def abort(self, rid: str | None = None) -> None:
         for url in self.urls:
