@@ -204,7 +204,12 @@ def sleep30(x: str = "") -> str:
     return "late"
 
 
-HANGING = [multiply, hang, sleep30]
+def quick(x: str = "") -> str:
+    """A fast tool of this module: its worker imports what sleep30's does."""
+    return "6"
+
+
+HANGING = [multiply, hang, sleep30, quick]
 
 
 def _rollout_time(tiny_qwen2, tool: str, **agent_kw) -> tuple[float, float, object, object]:
@@ -261,9 +266,10 @@ def _children() -> dict[int, str]:
 @pytest.mark.skipif(sys.platform != "linux", reason="counts child processes in /proc")
 def test_a_sync_tool_that_sleeps_30_s_is_killed_at_the_timeout(tiny_qwen2):
     """--tool-executor process: the plain ``time.sleep(30)`` tool's worker is killed at 0.5 s; the
-    rollout takes about as long as with a fast tool, and no process outlives the agent."""
+    rollout takes about as long as with a fast tool of the same module (each worker imports it
+    first, outside the timeout), and no process outlives the agent."""
     before = _children()
-    fast, _, _, agent = _rollout_time(tiny_qwen2, "multiply", tool_executor="process")
+    fast, _, _, agent = _rollout_time(tiny_qwen2, "quick", tool_executor="process")
     agent.close()
     slow, cpu, s, agent = _rollout_time(tiny_qwen2, "sleep30", tool_executor="process")
     print(f"process executor: rollout {fast:.2f} s with a fast tool, {slow:.2f} s (CPU {cpu:.2f} s) with sleep(30)")
@@ -280,15 +286,51 @@ def test_a_tool_that_raises_in_its_worker_is_an_observation():
 
     tools, workers = {f.__name__: f for f in TOOLS}, ProcessTools()
 
-    # 60 s: boom's first call imports this module (torch, rlvr) in a fresh worker, which takes
-    # seconds on a busy machine and counts against the tool's timeout.
     async def run(text):
-        return await run_tool(tools, parse_tool_calls(text)[0], 60.0, workers)
+        return await run_tool(tools, parse_tool_calls(text)[0], 10.0, workers)
 
     try:
         assert asyncio.run(run('<tool_call>{"name": "multiply", "arguments": {"a": 6, "b": 7}}</tool_call>')) == ("42", True)
         obs, ok = asyncio.run(run('<tool_call>{"name": "boom", "arguments": {"x": "y"}}</tool_call>'))
         assert not ok and json.loads(obs)["error"] == "boom raised RuntimeError: kaput"
+    finally:
+        workers.close()
+
+
+def test_a_process_worker_imports_the_tool_module_outside_the_tool_timeout():
+    """The tool's module sleeps 1 s at import, its timeout is 0.5 s: the first call still succeeds
+    (a fresh worker's start and import are waited for apart), the second reuses the worker; a
+    ``start_timeout`` shorter than the import kills the worker with an error observation that says
+    so; a worker that exits during a call is an error observation with its exit code."""
+    from rlvr.agents.tool_runner import ProcessTools
+    from tests.slow_import_tools import SLOW_IMPORT_S, echo, exit_worker
+
+    tools = {"echo": echo, "exit_worker": exit_worker}
+
+    def run(workers, text):
+        return asyncio.run(run_tool(tools, parse_tool_calls(text)[0], SLOW_IMPORT_S / 2, workers))
+
+    call = '<tool_call>{"name": "echo", "arguments": {"x": "hi"}}</tool_call>'
+    workers = ProcessTools()
+    try:
+        t = time.monotonic()
+        assert run(workers, call) == ("hi", True)
+        assert time.monotonic() - t >= SLOW_IMPORT_S  # the import ran in the worker, past the tool's timeout
+        t = time.monotonic()
+        assert run(workers, call) == ("hi", True)
+        assert time.monotonic() - t < SLOW_IMPORT_S / 2 and workers.killed == 0
+        obs, ok = run(workers, '<tool_call>{"name": "exit_worker", "arguments": {"code": 3}}</tool_call>')
+        assert not ok and json.loads(obs)["error"] == ("exit_worker could not run: its worker process exited "
+                                                       "(exit code 3) during the call")
+    finally:
+        workers.close()
+
+    workers = ProcessTools(start_timeout=SLOW_IMPORT_S / 4)
+    try:
+        obs, ok = run(workers, call)
+        assert not ok and json.loads(obs)["error"] == ("echo could not run: its worker process did not start and "
+                                                       f"import tests.slow_import_tools within {SLOW_IMPORT_S / 4:g} s")
+        assert workers.killed == 1
     finally:
         workers.close()
 

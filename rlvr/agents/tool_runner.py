@@ -13,7 +13,9 @@ either
   flight (spawned, reused for later calls). At the timeout the worker is killed (SIGKILL) and
   reaped, so nothing of the call survives it: the choice for tools that can hang for good. The
   function travels by reference (pickle): a module-level function of an importable module, with
-  arguments and result that pickle.
+  arguments and result that pickle. A worker's start and its first import of a tool's module are
+  not the call's: they are waited for apart (``ProcessTools.start_timeout``, 120 s), so a tool whose
+  module imports torch gets its whole ``--tool-timeout`` on its first call as on later ones.
 
 An async tool needs neither: ``asyncio.wait_for`` cancels it at the timeout.
 """
@@ -26,6 +28,7 @@ import logging
 import multiprocessing
 import threading
 import weakref
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 log = logging.getLogger(__name__)
@@ -82,15 +85,23 @@ async def in_thread(fn: Callable, kwargs: dict, timeout: float, name: str = "") 
 
 
 def _worker(conn) -> None:
-    """A tool worker process: call what arrives, send back ("ok", result) or ("error", text)."""
+    """A tool worker process. ``("load", fn)`` imports ``fn``'s module (unpickling it does) and
+    ``("call", fn, kwargs)`` calls it; each gets ``("ok", value)`` or ``("error", text)`` back,
+    ``None`` or a closed pipe ends the worker."""
     while True:
         try:
             msg = conn.recv()
         except EOFError:
             return
+        except BaseException as e:  # noqa: BLE001 - a module that does not import: the message was read whole
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+            continue
         if msg is None:
             return
-        fn, kwargs = msg
+        if msg[0] == "load":
+            conn.send(("ok", None))
+            continue
+        _, fn, kwargs = msg
         try:
             reply = ("ok", fn(**kwargs))
         except BaseException as e:  # noqa: BLE001 - the parent turns it into an error observation
@@ -105,77 +116,118 @@ class ToolRaised(Exception):
     """A tool raised in its worker process; the message is its ``Type: message``."""
 
 
+class ToolWorkerFailed(Exception):
+    """A tool's worker process could not run it: the tool's module did not import, the worker did
+    not start within ``ProcessTools.start_timeout``, or it exited during the call."""
+
+
+@dataclass
+class _Worker:
+    proc: Any
+    conn: Any  # the parent's end of the worker's pipe
+    loaded: set[str] = field(default_factory=set)  # the tools whose module the worker has imported
+
+
 class ProcessTools:
     """Sync tools in worker processes that are killed at the timeout (module docstring)."""
 
-    def __init__(self, max_idle: int = 4):
+    def __init__(self, max_idle: int = 4, start_timeout: float = 120.0):
         self._ctx = multiprocessing.get_context("spawn")
-        self._idle: list[tuple[Any, Any]] = []  # (process, parent end of its pipe)
-        self._lock, self.max_idle = threading.Lock(), max_idle
-        self.killed = 0
+        self._idle: list[_Worker] = []
+        self._lock, self.max_idle, self.start_timeout = threading.Lock(), max_idle, start_timeout
+        self.killed = 0  # workers killed: at a tool's timeout, or past start_timeout
         weakref.finalize(self, _close_all, self._idle)
 
-    def _take(self):
+    def _take(self) -> _Worker:
         with self._lock:
             while self._idle:
-                proc, conn = self._idle.pop()
-                if proc.is_alive():
-                    return proc, conn
-                conn.close()
+                worker = self._idle.pop()
+                if worker.proc.is_alive():
+                    return worker
+                worker.conn.close()
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(target=_worker, args=(child,), name="rlvr-tool-worker", daemon=True)
         proc.start()
         child.close()
-        return proc, parent
+        return _Worker(proc, parent)
 
-    def _give_back(self, proc, conn) -> None:
+    def _give_back(self, worker: _Worker) -> None:
         with self._lock:
             if len(self._idle) < self.max_idle:
-                self._idle.append((proc, conn))
+                self._idle.append(worker)
                 return
-        _stop(proc, conn)
+        _stop(worker)
 
     async def call(self, fn: Callable, kwargs: dict, timeout: float) -> Any:
         """``fn(**kwargs)`` in a worker; ``asyncio.TimeoutError`` (the worker killed) past ``timeout``,
-        ``RuntimeError`` with the tool's error text when it raised."""
-        proc, conn = self._take()
-        loop = asyncio.get_running_loop()
-        ready = loop.create_future()
-        try:
-            conn.send((fn, kwargs))
-            loop.add_reader(conn.fileno(), lambda: ready.done() or ready.set_result(None))
+        ``ToolRaised`` with the tool's error text when it raised, ``ToolWorkerFailed`` when the
+        worker could not run it. A worker new to ``fn`` first imports its module, waited for up to
+        ``start_timeout`` seconds apart from ``timeout``."""
+        worker = self._take()
+        name = f"{fn.__module__}:{fn.__qualname__}"
+        if name not in worker.loaded:
             try:
-                await asyncio.wait_for(ready, timeout)
-            finally:
-                loop.remove_reader(conn.fileno())
-            kind, value = conn.recv()
-        except BaseException:  # the timeout, a cancelled rollout, a worker that died: it goes
-            proc.kill()
-            proc.join()
-            conn.close()
-            self.killed += 1
+                kind, value = await self._exchange(worker, ("load", fn), self.start_timeout)
+            except asyncio.TimeoutError:
+                raise ToolWorkerFailed(f"its worker process did not start and import {fn.__module__} within "
+                                       f"{self.start_timeout:g} s") from None
+            except (EOFError, OSError):
+                raise ToolWorkerFailed(f"its worker process exited (exit code {worker.proc.exitcode}) while "
+                                       f"importing {fn.__module__}") from None
+            if kind == "error":
+                self._give_back(worker)
+                raise ToolWorkerFailed(f"its module {fn.__module__} does not import in a worker process: {value}")
+            worker.loaded.add(name)
+        try:
+            kind, value = await self._exchange(worker, ("call", fn, kwargs), timeout)
+        except asyncio.TimeoutError:  # an OSError too (TimeoutError) since Python 3.11
             raise
-        self._give_back(proc, conn)
+        except (EOFError, OSError):
+            raise ToolWorkerFailed(f"its worker process exited (exit code {worker.proc.exitcode}) during the "
+                                   "call") from None
+        self._give_back(worker)
         if kind == "error":
             raise ToolRaised(value)
         return value
+
+    async def _exchange(self, worker: _Worker, msg: tuple, timeout: float) -> tuple[str, Any]:
+        """Send ``msg`` and wait at most ``timeout`` seconds for the reply. On a timeout, a
+        cancelled rollout or a worker that died, the worker is killed and reaped, and the error
+        raised."""
+        loop = asyncio.get_running_loop()
+        ready = loop.create_future()
+        fd = worker.conn.fileno()
+        try:
+            worker.conn.send(msg)
+            loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+            try:
+                await asyncio.wait_for(ready, timeout)
+            finally:
+                loop.remove_reader(fd)
+            return worker.conn.recv()
+        except BaseException:
+            worker.proc.kill()
+            worker.proc.join()
+            worker.conn.close()
+            self.killed += 1
+            raise
 
     def close(self) -> None:
         _close_all(self._idle)
 
 
-def _stop(proc, conn) -> None:
+def _stop(worker: _Worker) -> None:
     try:
-        conn.send(None)
+        worker.conn.send(None)
     except (OSError, ValueError):
         pass
-    proc.join(5)
-    if proc.is_alive():
-        proc.kill()
-        proc.join()
-    conn.close()
+    worker.proc.join(5)
+    if worker.proc.is_alive():
+        worker.proc.kill()
+        worker.proc.join()
+    worker.conn.close()
 
 
-def _close_all(idle: list) -> None:
+def _close_all(idle: list[_Worker]) -> None:
     while idle:
-        _stop(*idle.pop())
+        _stop(idle.pop())

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from rlvr.agents.tool_runner import ProcessTools, ToolRaised, in_thread
+from rlvr.agents.tool_runner import ProcessTools, ToolRaised, ToolWorkerFailed, in_thread
 from rlvr.core.errors import ConfigError
 from rlvr.core.registry import load_object
 from rlvr.engine.chat import TOOL_CALL, TOOL_CALL_END, ToolCall, parse_tool_calls  # noqa: F401 (re-exported)
@@ -221,6 +221,8 @@ async def run_tool(tools: dict[str, Callable], call: ToolCall, timeout: float,
         return json.dumps({"error": f"{call.name} timed out after {timeout} s"}), False
     except ToolRaised as e:  # raised in its worker process
         return json.dumps({"error": f"{call.name} raised {e}"}), False
+    except ToolWorkerFailed as e:
+        return json.dumps({"error": f"{call.name} could not run: {e}"}), False
     except Exception as e:  # noqa: BLE001 - a tool that raises is an observation
         return json.dumps({"error": f"{call.name} raised {type(e).__name__}: {e}"}), False
     if isinstance(result, ToolResult):
