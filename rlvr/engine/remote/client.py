@@ -54,12 +54,19 @@ class HttpEngine(Engine):
         self.outstanding = {u: 0 for u in self.urls}
         self.served = {u: 0 for u in self.urls}  # answers per server (observability, tests)
         self.failures = 0  # attempts that failed and were retried or given up
-        self.weights_dir = Path(weights_dir or tempfile.mkdtemp(prefix="rlvr-weights-"))
+        self._weights_dir = Path(weights_dir) if weights_dir else None  # made at the first push when None
         self._own_weights_dir = weights_dir is None
         self._written: list[Path] = []  # version folders written here and not yet deleted
         self.affinity = Affinity()  # session -> url: the turns of one multi-turn sample go to one server
         self._version = 0
         self.routed_experts_top_k = routed_experts_top_k  # R3: ask for routed experts (top-k per position)
+
+    @property
+    def weights_dir(self) -> Path:
+        """Where pushed weights are written: the given directory, or a temporary one made on first use."""
+        if self._weights_dir is None:
+            self._weights_dir = Path(tempfile.mkdtemp(prefix="rlvr-weights-"))
+        return self._weights_dir
 
     # ---- generate -----------------------------------------------------------------------
     async def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult]:
@@ -137,8 +144,8 @@ class HttpEngine(Engine):
         for path in self._written:
             shutil.rmtree(path, ignore_errors=True)
         self._written = []
-        if self._own_weights_dir:
-            shutil.rmtree(self.weights_dir, ignore_errors=True)
+        if self._own_weights_dir and self._weights_dir is not None:
+            shutil.rmtree(self._weights_dir, ignore_errors=True)
 
     def abort(self, rid: str | None = None) -> None:
         for url in self.urls:
