@@ -324,6 +324,7 @@ def test_two_rollouts_on_a_mix_log_per_task_metrics(tiny_qwen2, tmp_path):
     for task in ("chain_sum", "products", "count_bits"):
         assert f"rollout/curriculum/{task}/level" in rollouts[0] and f"rollout/curriculum/{task}/level" in rollouts[1]
         assert 0.0 <= evals[-1][f"eval/val/{task}"] <= 1.0 and f"eval/val/passrate/{task}/pass@2" in evals[-1]
+        assert all(0.0 < evals[-1][f"eval/val/{share}/{task}"] <= 1.0 for share in ("reply_share", "label_share"))
     drawn = {k.split("/")[-1] for x in rollouts for k in x if k.startswith("rollout/raw_reward/")}
     assert drawn and drawn <= {"chain_sum", "products", "count_bits"}
     sample = json.loads((run / "samples.jsonl").read_text().splitlines()[0])

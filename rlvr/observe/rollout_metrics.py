@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 
 from rlvr.core.types import Sample, Status
 from rlvr.observe.metrics import compute_statistics
@@ -141,22 +142,41 @@ def task_metrics(samples: list[Sample], n: int) -> dict[str, float]:
     and, for groups of ``n`` > 1, ``passrate/<task>/pass@k`` over that task's groups; ``{}``
     when no sample names a task. A group's samples share a prompt, hence a task.
 
+    Two shares tell a learned task from a learned constant: ``reply_share/<task>``, the share of
+    the task's samples that give its most common reply (stripped text), and, when every sample has
+    a label, ``label_share/<task>``, the share of its most common label: the accuracy that always
+    giving that label would score. An accuracy at ``label_share`` with ``reply_share`` 1 is one
+    answer to every question.
+
     >>> from rlvr.core.types import Sample
     >>> s = [Sample("p", [1], metadata={"task": "gcd"}, reward=r) for r in (1.0, 0.0)]
     >>> s += [Sample("p", [1], metadata={"task": "products"}, reward=r) for r in (0.0, 0.0)]
     >>> m = task_metrics(s, 2)
     >>> m["raw_reward/gcd"], m["passrate/gcd/pass@2"], m["accuracy/products"]
     (0.5, 1.0, 0.0)
+    >>> yes = [Sample("p", [1], label=a, response=" Yes", metadata={"task": "syllogism"}, reward=float(a == "Yes"))
+    ...        for a in ("Yes", "Yes", "Yes", "No")]
+    >>> m = task_metrics(yes, 1)
+    >>> m["accuracy/syllogism"], m["label_share/syllogism"], m["reply_share/syllogism"]
+    (0.75, 0.75, 1.0)
     """
-    by_task: dict[str, list[float]] = {}
-    scores: dict[str, list[float]] = {}
+    by_task: dict[str, list[Sample]] = {}
     for s in samples:
         if s.metadata.get("task") is not None:
-            by_task.setdefault(str(s.metadata["task"]), []).append(s.scalar_reward())
-            scores.setdefault(str(s.metadata["task"]), []).append(float(s.metadata.get("score", s.scalar_reward())))
+            by_task.setdefault(str(s.metadata["task"]), []).append(s)
     m: dict[str, float] = {}
-    for task, rewards in sorted(by_task.items()):
+    for task, group in sorted(by_task.items()):
+        rewards = [s.scalar_reward() for s in group]
         m[f"raw_reward/{task}"] = statistics.fmean(rewards)
-        m[f"accuracy/{task}"] = statistics.fmean(float(x >= 1.0) for x in scores[task])
+        m[f"accuracy/{task}"] = statistics.fmean(float(float(s.metadata.get("score", s.scalar_reward())) >= 1.0)
+                                                 for s in group)
         m |= {f"passrate/{task}/{k}": v for k, v in pass_rates(rewards, n).items()}
+        m[f"reply_share/{task}"] = _top_share([s.response.strip() for s in group])
+        if all(s.label is not None for s in group):
+            m[f"label_share/{task}"] = _top_share([str(s.label).strip() for s in group])
     return m
+
+
+def _top_share(values: list[str]) -> float:
+    """The share of ``values`` equal to the most common one."""
+    return Counter(values).most_common(1)[0][1] / len(values)
