@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import functools
 import json
 import random
 import subprocess
@@ -15,38 +17,66 @@ from rlvr.data.arith import make_splits, write_jsonl
 from rlvr.models.tiny import build_tiny_model
 from rlvr.core.types import Sample
 
-# Under pytest-xdist (``make test`` runs ``-n 2``), each group's modules run on one
-# worker, one test after another: the Ray tests (each cluster's actors take both cores and several
-# GB) and the sandbox tests (test_sandbox.py counts the uid-nobody processes that appear while it
-# runs, which another worker's sandboxed programs would add to). Every other test is its own unit.
-SERIAL_GROUPS = {
-    "ray": ("test_agents_cli.py", "test_devices.py", "test_ray.py", "test_ray_fault_tolerance.py",
-            "test_ray_gpu_placement.py", "test_reproducibility.py", "test_roles.py", "test_slime_seed.py"),
-    "sandbox": ("test_agent_tools.py", "test_sandbox.py"),
-}
+# Under pytest-xdist (``make test`` runs ``-n 2``), the modules that declare the same top-level
+# ``SERIAL_GROUP = "<name>"`` run on one worker, one test after another: "ray" (each cluster's
+# actors take both cores and several GB; a module using the ``ray_cluster`` fixture must declare
+# it, which collection checks) and "sandbox" (test_sandbox.py counts the uid-nobody processes that
+# appear while it runs, which another worker's sandboxed programs would add to). Every other test
+# is its own unit.
+SERIAL_GROUPS = ("ray", "sandbox")
+
+
+@functools.lru_cache(maxsize=None)
+def serial_group(path: Path) -> str | None:
+    """A module's top-level ``SERIAL_GROUP = "<name>"``, read from its source without importing it
+    (the xdist controller schedules from node ids and never imports the tests)."""
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SERIAL_GROUP" for t in node.targets)
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+            return node.value.value
+    return None
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """``-n N`` (xdist's default ``--dist load``) schedules through xdist's load-scope scheduler
-    with ``SERIAL_GROUPS`` as scopes and every other test a scope of its own. (``--dist loadgroup``
-    would take groups from marks, but pytest-xdist 3.8 renames grouped tests through
+    with each ``SERIAL_GROUP`` as a scope and every other test a scope of its own. (``--dist
+    loadgroup`` would take groups from marks, but pytest-xdist 3.8 renames grouped tests through
     ``Item._nodeid``, which pytest 9 no longer reads, so its groups never form.)"""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    group_of = {module: group for group, modules in SERIAL_GROUPS.items() for module in modules}
+    root = config.rootpath
 
     class GroupScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return group_of.get(Path(nodeid.split("::", 1)[0]).name, nodeid)
+            group = serial_group(root / nodeid.split("::", 1)[0])
+            return f"serial group {group}" if group is not None else nodeid
 
     return GroupScheduling(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` need CUDA: skipped (with the reason) on a machine without it."""
+    """A module's ``SERIAL_GROUP`` must be one of ``SERIAL_GROUPS``, and a module whose tests use
+    the ``ray_cluster`` fixture must declare "ray" (else the run stops with the module named).
+    Tests marked ``gpu`` need CUDA: skipped (with the reason) on a machine without it."""
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is None:
+            continue
+        group = getattr(module, "SERIAL_GROUP", None)
+        if group is not None and group not in SERIAL_GROUPS:
+            raise pytest.UsageError(f"{module.__file__}: SERIAL_GROUP = {group!r} is none of {SERIAL_GROUPS} "
+                                    "(tests/conftest.py)")
+        if "ray_cluster" in getattr(item, "fixturenames", ()) and group != "ray":
+            raise pytest.UsageError(f"{module.__file__}: its tests start a Ray cluster (the ray_cluster fixture), so "
+                                    "it must declare SERIAL_GROUP = \"ray\" to run beside no other Ray test "
+                                    "(tests/conftest.py)")
     import torch
 
     if torch.cuda.is_available():

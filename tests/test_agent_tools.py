@@ -23,6 +23,8 @@ from rlvr.agents.tools import PythonTool, parse_tool_calls, run_tool, tool_schem
 from rlvr.core.types import Status
 from tests.support import FENCE_PIDS, HOSTILE_CFG, HOSTILE_DIR, agent_rollout, destroy_fence, make_fence
 
+SERIAL_GROUP = "sandbox"  # one xdist worker for the group's modules (tests/conftest.py)
+
 
 def boom(x: str) -> str:
     """Always fails."""

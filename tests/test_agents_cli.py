@@ -17,6 +17,8 @@ from rlvr.core.testing import RUN_SILENT_ENV
 from rlvr.core.types import RolloutBatch, Sample, Status
 from tests.support import cli
 
+SERIAL_GROUP = "ray"  # one xdist worker for the group's modules (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -19,6 +19,8 @@ from rlvr.engine.base import GenerateRequest, SamplingParams
 from rlvr.engine.local.embedded import EmbeddedEngine, kv_budget_from_fraction
 from rlvr.core.errors import ConfigError
 
+SERIAL_GROUP = "ray"  # one xdist worker for the group's modules (tests/conftest.py)
+
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only machine's messages")
 
 

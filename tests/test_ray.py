@@ -21,6 +21,8 @@ from rlvr.runtime.configure import parse_config
 from rlvr.core.errors import ConfigError
 from rlvr.core.types import RolloutBatch
 
+SERIAL_GROUP = "ray"  # one xdist worker for the group's modules (tests/conftest.py)
+
 ray = pytest.importorskip("ray")
 
 

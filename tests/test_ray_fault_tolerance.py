@@ -18,6 +18,8 @@ from rlvr.runtime.configure import parse_config
 from tests.support import (check_monitor_survives_a_kill, check_trained_once_none_failed, hold_rollout_until,
                            run_under_kills, wait_until)
 
+SERIAL_GROUP = "ray"  # one xdist worker for the group's modules (tests/conftest.py)
+
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 

@@ -17,6 +17,8 @@ from rlvr.runtime.configure import parse_config
 from rlvr.core.errors import ConfigError
 from rlvr.core.testing import LOGICAL_GPUS_ENV
 
+SERIAL_GROUP = "ray"  # one xdist worker for the group's modules (tests/conftest.py)
+
 ray = pytest.importorskip("ray")
 
 

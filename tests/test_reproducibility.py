@@ -25,6 +25,8 @@ from rlvr.engine.base import GenerateRequest, SamplingParams
 from rlvr.engine.local.embedded import EmbeddedEngine
 from rlvr.engine.sampling import request_seed
 
+SERIAL_GROUP = "ray"  # one xdist worker for the group's modules (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def setup(tiny_qwen2):

@@ -13,6 +13,8 @@ from rlvr.rollout.rollout import Rollout
 from rlvr.runtime.roles import RolloutRole, TrainerRole
 from rlvr.train.trainer import Trainer
 
+SERIAL_GROUP = "ray"  # one xdist worker for the group's modules (tests/conftest.py)
+
 
 def _methods(protocol) -> set[str]:
     return {n for n, v in vars(protocol).items() if inspect.isfunction(v) and not n.startswith("_")}

@@ -29,6 +29,8 @@ from rlvr.core.types import Sample
 from tests.support import (FAST, FENCE_PIDS, HOSTILE_CFG, HOSTILE_DIR, can_still_act, cgroup_tree_pids, destroy_fence,
                            make_fence, nobody_pids, own_cgroup_dir)
 
+SERIAL_GROUP = "sandbox"  # one xdist worker for the group's modules (tests/conftest.py)
+
 PROTECTIONS = available_protections()
 IS_ROOT = os.geteuid() == 0
 

@@ -20,6 +20,8 @@ from rlvr.core.errors import ConfigError
 from rlvr.runtime.checkpoint import find_checkpoint
 from rlvr.runtime.configure import make_parser, merged_values
 
+SERIAL_GROUP = "ray"  # one xdist worker for the group's modules (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "slime_seed" / "grpo_math_7b.yaml"
 # The four parallel sizes the original file has and the example sets to 1.
