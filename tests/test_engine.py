@@ -157,6 +157,34 @@ def test_group_prompt_is_prefilled_once(setup):
     assert prefill_rows == [3]  # 3 prompts x 8 samples: one prefill of 3 rows
 
 
+def test_prompts_over_the_prefill_budget_are_prefilled_in_chunks_of_similar_length(setup, monkeypatch):
+    """Past ``PREFILL_TOKENS`` (groups x longest prompt) the admitted groups are prefilled in chunks
+    by length, each within the budget; every request's tokens and log-probs are those of the
+    one-forward prefill (greedy: the same tokens; log-probs within float noise)."""
+    from rlvr.engine.local import embedded
+
+    tok, model = setup
+    prompts = [tok(" ".join(["7"] * n) + " =", add_special_tokens=False)["input_ids"] for n in (40, 2, 30, 3, 60, 4)]
+    reqs = [GenerateRequest(p, SamplingParams(temperature=0, max_new_tokens=5)) for p in prompts for _ in range(2)]
+    whole = EmbeddedEngine(model, pad_token_id=tok.pad_token_id, seed=0).generate_sync(reqs)
+    monkeypatch.setattr(embedded, "PREFILL_TOKENS", 2 * max(len(p) for p in prompts))
+    eng = EmbeddedEngine(model, pad_token_id=tok.pad_token_id, seed=0)
+    forwards = []
+    eng.model.register_forward_pre_hook(
+        lambda m, args, kw: forwards.append(tuple(kw["input_ids"].shape)) if kw["input_ids"].shape[1] > 1 else None,
+        with_kwargs=True,
+    )
+    chunked = eng.generate_sync(reqs)
+    lens = sorted(len(p) for p in prompts)
+    assert len(forwards) > 1 and all(rows * width <= embedded.PREFILL_TOKENS for rows, width in forwards)
+    chunks = embedded.prefill_chunks(lens, embedded.PREFILL_TOKENS)
+    assert sorted(width for _, width in forwards) == sorted(max(lens[i] for i in c) for c in chunks)
+    assert sum(rows for rows, _ in forwards) == len(prompts)  # each prompt once, for its group of 2
+    for a, b in zip(whole, chunked):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(torch.tensor(a.log_probs), torch.tensor(b.log_probs), atol=1e-5, rtol=0)
+
+
 def test_concurrent_calls_share_the_batch_and_return_independently(setup):
     """Continuous batching: a short group's call returns while a long group is still decoding,
     and a call submitted later joins the running batch."""

@@ -68,6 +68,13 @@ from rlvr.engine.local.worker import Call, WorkerEngine, check_requests
 from rlvr.engine.sampling import filter_logits, sample_next, top_log_probs
 from rlvr.models.moe import RoutingRecorder
 
+# Prompt tokens one prefill forward takes at most (admitted groups x their longest prompt, left
+# padding included): past it, the admitted groups are prefilled in chunks of similar lengths
+# (``prefill_chunks``). In one forward, 192 evaluation prompts of 52-182 tokens were 34,944 tokens
+# for 18,159 real ones, and their activations' fresh pages cost a fifth of the time in page faults
+# (docs/engine.md).
+PREFILL_TOKENS = 8192
+
 log = logging.getLogger(__name__)
 
 
@@ -488,9 +495,14 @@ class EmbeddedEngine(WorkerEngine):
             joining = [admitted] if admitted else []
         new = []
         for groups in joining:
-            rows, batch = self._prefill(groups)
-            keep = self._retire(rows)
-            new.append(([rows[i] for i in keep], kv.select(batch, self._index(keep)) if keep else None))
+            rows, parts = [], []
+            for chunk in prefill_chunks([len(g.prompt) for g in groups], PREFILL_TOKENS):
+                chunk_rows, batch = self._prefill([groups[i] for i in chunk])
+                keep = self._retire(chunk_rows)
+                rows += [chunk_rows[i] for i in keep]
+                parts.append(batch if len(keep) == len(chunk_rows) else
+                             kv.select(batch, self._index(keep)) if keep else None)
+            new.append((rows, kv.concat(*parts)))
         with self._cv:
             for rows_batch in new:  # without deterministic mode there is one lane at most
                 if self.deterministic or not self._lanes:
@@ -597,6 +609,28 @@ class EmbeddedEngine(WorkerEngine):
             else:
                 keep.append(i)
         return keep
+
+
+def prefill_chunks(lengths: list[int], budget: int) -> list[list[int]]:
+    """The groups (by index; ``lengths`` are their prompts') prefilled in one forward each. All
+    of them in their order when they fit ``budget`` tokens (groups x the longest prompt, the
+    left-padded forward's size); else by length, each chunk at most ``budget`` (a longer prompt
+    alone), so a long prompt does not pad many short ones to its width.
+
+    >>> prefill_chunks([5, 3, 4], 15)
+    [[0, 1, 2]]
+    >>> prefill_chunks([100, 10, 90, 12, 300], 200)
+    [[1, 3], [2, 0], [4]]
+    """
+    if len(lengths) * max(lengths, default=0) <= budget:
+        return [list(range(len(lengths)))]
+    chunks: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        if chunks and (len(chunks[-1]) + 1) * lengths[i] <= budget:
+            chunks[-1].append(i)
+        else:
+            chunks.append([i])
+    return chunks
 
 
 def _engine_model(model: str | PreTrainedModel, device, dtype, share_weights: bool

@@ -168,30 +168,36 @@ def select(batch: KVBatch, keep: torch.Tensor, spare: int = SPARE_COLUMNS) -> KV
     return KVBatch(_cache(grown), mask[:, start:], batch.next_pos[keep], batch.last[keep])
 
 
-def concat(a: KVBatch | None, b: KVBatch, spare: int = SPARE_COLUMNS) -> KVBatch:
-    """Rows of ``a`` then rows of ``b``; the narrower is left-padded with masked zeros. Consumes
-    both caches, layer by layer."""
-    if a is None or len(a) == 0:
-        return b
-    if len(a.cache.layers) != len(b.cache.layers):
-        raise ValueError(f"concat: caches of {len(a.cache.layers)} and {len(b.cache.layers)} layers")
-    wa, wb = a.mask.shape[1], b.mask.shape[1]
-    w, na = max(wa, wb), len(a)
+def concat(*batches: KVBatch | None, spare: int = SPARE_COLUMNS) -> KVBatch | None:
+    """The rows of ``batches`` in order (``None`` and empty ones skipped; ``None`` when none is
+    left); each is left-padded with masked zeros to the widest. Consumes their caches, layer by
+    layer, into one buffer per layer: joining N batches copies each row once, not N - 1 times."""
+    parts = [b for b in batches if b is not None and len(b)]
+    if len(parts) <= 1:
+        return parts[0] if parts else None
+    if len({len(b.cache.layers) for b in parts}) != 1:
+        raise ValueError(f"concat: caches of {[len(b.cache.layers) for b in parts]} layers")
+    widths = [b.mask.shape[1] for b in parts]
+    w, rows = max(widths), sum(len(b) for b in parts)
     grown = []
-    for i in range(len(a.cache.layers)):
+    for i in range(len(parts[0].cache.layers)):
+        layer = [_consume(b.cache, i) for b in parts]  # (keys, values) of each part
         buffers = []
-        for ta, tb in zip(_consume(a.cache, i), _consume(b.cache, i)):
-            buffer = ta.new_empty(na + len(b), ta.shape[1], w + spare, ta.shape[3])
-            buffer[:na, :, : w - wa] = 0
-            buffer[:na, :, w - wa : w] = ta
-            buffer[na:, :, : w - wb] = 0
-            buffer[na:, :, w - wb : w] = tb
+        for j in range(2):
+            ref = layer[0][j]
+            buffer = ref.new_empty(rows, ref.shape[1], w + spare, ref.shape[3])
+            row = 0
+            for width, tensors in zip(widths, layer):
+                t = tensors[j]
+                buffer[row : row + len(t), :, : w - width] = 0
+                buffer[row : row + len(t), :, w - width : w] = t
+                row += len(t)
             buffers.append(buffer)
-        del ta, tb
+        del layer, ref, t, tensors
         grown.append(GrowingLayer(*buffers, w))
     return KVBatch(
         _cache(grown),
-        torch.cat([F.pad(a.mask, [w - wa, 0]), F.pad(b.mask, [w - wb, 0])]),
-        torch.cat([a.next_pos, b.next_pos]),
-        torch.cat([a.last, b.last]),
+        torch.cat([F.pad(b.mask, [w - width, 0]) for b, width in zip(parts, widths)]),
+        torch.cat([b.next_pos for b in parts]),
+        torch.cat([b.last for b in parts]),
     )
