@@ -22,7 +22,7 @@ def rollout_metrics(samples: list[Sample], n: int, prefix: str) -> dict[str, flo
     m = {
         "raw_reward": statistics.fmean(rewards),
         # Fully correct responses (unshaped reward 1.0): the accuracy of 0/1 verifiers.
-        "accuracy": statistics.fmean(float(s.metadata.get("score", s.scalar_reward()) >= 1.0) for s in samples),
+        "accuracy": statistics.fmean(float(_score(s) >= 1.0) for s in samples),
         **{f"response_len/{k}": v for k, v in compute_statistics(lengths).items()},  # mean/median/max/min
         "truncated_ratio": sum(s.status == Status.TRUNCATED for s in samples) / len(samples),
         "reward_errors": float(sum("reward_error" in s.metadata for s in samples)),
@@ -79,7 +79,7 @@ def dcpo_metrics(samples: list[Sample]) -> dict[str, float]:
     rated = [s for s in samples if isinstance(s.reward, dict) and "confidence" in s.reward]
     if not rated:
         return {}
-    acc = [float(s.metadata.get("score", s.scalar_reward())) for s in rated]
+    acc = [_score(s) for s in rated]
     conf = [float(s.reward["confidence"]) for s in rated]
     return {"dcpo/accuracy": statistics.fmean(acc), "dcpo/confidence": statistics.fmean(conf),
             "dcpo/has_confidence": statistics.fmean(float(s.reward.get("confidence_char_pos", 0) >= 0) for s in rated),
@@ -168,13 +168,17 @@ def task_metrics(samples: list[Sample], n: int) -> dict[str, float]:
     for task, group in sorted(by_task.items()):
         rewards = [s.scalar_reward() for s in group]
         m[f"raw_reward/{task}"] = statistics.fmean(rewards)
-        m[f"accuracy/{task}"] = statistics.fmean(float(float(s.metadata.get("score", s.scalar_reward())) >= 1.0)
-                                                 for s in group)
+        m[f"accuracy/{task}"] = statistics.fmean(float(_score(s) >= 1.0) for s in group)
         m |= {f"passrate/{task}/{k}": v for k, v in pass_rates(rewards, n).items()}
         m[f"reply_share/{task}"] = _top_share([s.response.strip() for s in group])
         if all(s.label is not None for s in group):
             m[f"label_share/{task}"] = _top_share([str(s.label).strip() for s in group])
     return m
+
+
+def _score(s: Sample) -> float:
+    """The sample's unshaped score: ``metadata["score"]``, recorded before reward shaping, else its reward."""
+    return float(s.metadata.get("score", s.scalar_reward()))
 
 
 def _top_share(values: list[str]) -> float:
